@@ -1,0 +1,159 @@
+"""Tenancy: regions, organizations (teams), projects, memberships, API keys, idempotency records."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from simple_history.models import HistoricalRecords
+
+
+class Region(models.Model):
+    """A region where GPUs run and where an organization's wallet may live."""
+
+    code = models.SlugField(max_length=32, unique=True)
+    name = models.CharField(max_length=100)
+    history = HistoricalRecords()
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class Organization(models.Model):
+    """A tenant (team) that owns credits, projects and budgets."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    home_region = models.ForeignKey(Region, null=True, blank=True, on_delete=models.PROTECT)
+    # Fair-share weight of this org among all orgs (Slurm "shares").
+    fair_share_weight = models.PositiveIntegerField(default=1)
+    # Policy: holds for long jobs cover at most this window and are renewed as the job runs.
+    hold_window_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Cap on concurrent in-flight submissions (rate-limit protection for the reservation path).
+    max_inflight_submissions = models.PositiveIntegerField(default=16)
+    created_at = models.DateTimeField(auto_now_add=True)
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(fair_share_weight__gt=0),
+                name="org_fair_share_weight_positive",
+                violation_error_message="Fair-share weight must be positive.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class OrgRole(models.TextChoices):
+    OWNER = "owner"
+    ADMIN = "admin"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+class OrgMembership(models.Model):
+    """A user's role in an organization (owners/admins see and manage every project)."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="org_memberships"
+    )
+    role = models.CharField(max_length=16, choices=OrgRole.choices, default=OrgRole.MEMBER)
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "user"], name="org_membership_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.org} ({self.role})"
+
+
+class Project(models.Model):
+    """A project inside an organization; jobs, budgets and scoped credits attach to it."""
+
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="projects")
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64)
+    fair_share_weight = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "slug"], name="project_slug_unique_in_org"),
+            models.CheckConstraint(
+                condition=Q(fair_share_weight__gt=0),
+                name="project_fair_share_weight_positive",
+                violation_error_message="Fair-share weight must be positive.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org.slug}/{self.slug}"
+
+
+class Membership(models.Model):
+    """A user's role in a project (member-in-project is the lowest budget level)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=OrgRole.choices, default=OrgRole.MEMBER)
+    fair_share_weight = models.PositiveIntegerField(default=1)
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A named, revocable, expirable API key; only its SHA-256 is stored."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    name = models.CharField(max_length=100)
+    # The first characters of the key, shown in the admin and used to find the row.
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class IdempotencyRecord(models.Model):
+    """A mutating API request's key, fingerprint and stored response (DESIGN.md §7)."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        DONE = "done"
+
+    principal = models.CharField(max_length=64)  # "user:<id>" — the caller the key belongs to
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)  # sha256(method, path, canonical body)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_FLIGHT)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["principal", "key"], name="idempotency_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal}:{self.key}"

@@ -1,0 +1,3 @@
+"""API v1 routes, gathered from each app's api package."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""WebSocket routes (Channels)."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,7 @@
+"""Settings, split by concern; import order matters only for DEBUG/secret checks."""
+
+from .api import *  # noqa: F403
+from .core import *  # noqa: F403
+from .database import *  # noqa: F403
+from .security import *  # noqa: F403
+from .tasks import *  # noqa: F403

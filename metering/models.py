@@ -1,0 +1,33 @@
+"""Metered usage of job attempts: the hot row that heartbeats update."""
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class AttemptUsage(models.Model):
+    """Cumulative usage of one attempt; only ever moves forward (max of reports)."""
+
+    attempt = models.OneToOneField(
+        "scheduling.JobAttempt", primary_key=True, on_delete=models.PROTECT, related_name="usage"
+    )
+    org_id = models.BigIntegerField(db_index=True)
+    last_seq = models.BigIntegerField(default=0)
+    reported_gpu_ms = models.BigIntegerField(default=0)  # max cumulative value the agent sent
+    billable_gpu_ms = models.BigIntegerField(default=0)  # capped by server-observed elapsed time
+    captured_gpu_ms = models.BigIntegerField(default=0)  # usage already turned into captures
+    gpu_utilization = models.FloatField(null=True, blank=True)  # telemetry, never money
+    memory_used_mb = models.BigIntegerField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(billable_gpu_ms__gte=0)
+                & Q(billable_gpu_ms__lte=F("reported_gpu_ms"))
+                & Q(captured_gpu_ms__lte=F("billable_gpu_ms")),
+                name="usage_monotone_bounds",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"usage of attempt {self.attempt_id}"

@@ -1,0 +1,265 @@
+"""The fleet (GPU types, prices, nodes), priority classes, quotas, jobs, attempts, allocations."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from simple_history.models import HistoricalRecords
+
+from accounts.models import Organization, Project, Region
+
+
+class GpuType(models.Model):
+    """A kind of GPU (A100, H100, ...) with its memory per GPU."""
+
+    name = models.CharField(max_length=32, unique=True)
+    memory_gb = models.PositiveIntegerField()
+    history = HistoricalRecords()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuPrice(models.Model):
+    """Price per GPU-hour of a GPU type, in micro-credits, from `effective_from` on."""
+
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="prices")
+    price_per_gpu_hour = models.BigIntegerField()
+    effective_from = models.DateTimeField()
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_type", "effective_from"], name="gpu_price_unique"),
+            models.CheckConstraint(
+                condition=Q(price_per_gpu_hour__gt=0), name="gpu_price_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type} {self.price_per_gpu_hour}/h from {self.effective_from:%Y-%m-%d}"
+
+
+class NodeState(models.TextChoices):
+    READY = "ready"
+    DRAINING = "draining"
+    UNKNOWN = "unknown"
+    DOWN = "down"
+
+
+class Node(models.Model):
+    """A GPU server run by one agent; all its GPUs are of one type."""
+
+    name = models.CharField(max_length=128, unique=True)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="nodes")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="nodes")
+    gpu_count = models.PositiveSmallIntegerField()
+    nvlink_domain = models.CharField(max_length=64, blank=True, default="")
+    ib_group = models.CharField(max_length=64, blank=True, default="")
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.DOWN)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The agent's bearer token; only its SHA-256 is stored.
+    token_prefix = models.CharField(max_length=16, unique=True, null=True, blank=True)
+    token_hash = models.CharField(max_length=64, blank=True, default="")
+    agent_version = models.CharField(max_length=32, blank=True, default="")
+    registered_at = models.DateTimeField(null=True, blank=True)
+    history = HistoricalRecords(excluded_fields=["last_heartbeat_at"])
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(gpu_count__gt=0), name="node_gpu_count_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PriorityClass(models.Model):
+    """A priority class, configured as data (higher rank wins)."""
+
+    name = models.SlugField(max_length=32, unique=True)
+    rank = models.IntegerField(unique=True)
+    # Jobs of this class may be preempted by jobs of a higher class.
+    preemptible = models.BooleanField(default=True)
+    # Jobs of this class may preempt lower-class preemptible jobs.
+    can_preempt = models.BooleanField(default=False)
+    history = HistoricalRecords()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Quota(models.Model):
+    """A cap on concurrent GPUs of one type for an org (project null) or a project."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="quotas")
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas"
+    )
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="quotas")
+    max_gpus = models.PositiveIntegerField()
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org", "project", "gpu_type"],
+                name="quota_unique",
+                nulls_distinct=False,
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"quota {self.max_gpus}x{self.gpu_type} for {self.project or self.org}"
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    PREEMPTED = "preempted"  # transient: requeued or failed by policy
+
+
+TERMINAL_JOB_STATES = (
+    JobState.COMPLETED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.TIMED_OUT,
+)
+
+
+class Job(models.Model):
+    """A training or inference job as submitted; runs as one or more attempts."""
+
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="jobs")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    gpu_types = models.JSONField()  # ordered preference, e.g. ["H100", "A100"]
+    gpu_count = models.PositiveIntegerField()
+    gpu_memory_gb = models.PositiveIntegerField(default=0)  # floor per GPU
+    max_wall_seconds = models.PositiveIntegerField()
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="+")
+    preemptible = models.BooleanField(default=True)
+    command = models.TextField(blank=True, default="")
+    regions = models.JSONField(default=list, blank=True)
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True
+    )
+    # Why a queued job waits (scheduler reason code) and a human detail.
+    wait_reason = models.CharField(max_length=64, blank=True, default="")
+    wait_detail = models.CharField(max_length=255, blank=True, default="")
+    end_reason = models.CharField(max_length=64, blank=True, default="")
+    current_hold = models.ForeignKey(
+        "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    estimate = models.BigIntegerField(default=0)  # micro-credits held at submission
+    attempt_count = models.PositiveIntegerField(default=0)
+    max_retries = models.PositiveIntegerField(default=3)
+    not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
+    submitted_at = models.DateTimeField(db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(gpu_count__gt=0), name="job_gpu_count_positive"),
+            models.CheckConstraint(
+                condition=Q(max_wall_seconds__gt=0), name="job_max_wall_positive"
+            ),
+        ]
+        indexes = [models.Index(fields=["org", "state"], name="job_org_state_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name} ({self.state})"
+
+
+class AttemptState(models.TextChoices):
+    SCHEDULED = "scheduled"  # GPUs allocated, agent not yet started it
+    RUNNING = "running"
+    STOPPING = "stopping"  # stop requested (preemption, cancel, out of credit), grace running
+    ENDED = "ended"
+
+
+class JobAttempt(models.Model):
+    """One run of a job on allocated GPUs, with the rate fixed when it was placed."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="attempts")
+    number = models.PositiveIntegerField()
+    org_id = models.BigIntegerField(db_index=True)
+    state = models.CharField(
+        max_length=16, choices=AttemptState.choices, default=AttemptState.SCHEDULED, db_index=True
+    )
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="+")
+    gpu_count = models.PositiveIntegerField()
+    rate_per_gpu_hour = models.BigIntegerField()  # micro-credits, fixed for this attempt
+    hold = models.ForeignKey("ledger.Hold", on_delete=models.PROTECT, related_name="+")
+    scheduled_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=32, blank=True, default="")
+    grace_seconds = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=32, blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    backfilled = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="attempt_number_unique"),
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=~Q(state="ended"),
+                name="one_live_attempt_per_job",
+                violation_error_message="A job has at most one live attempt.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.number} ({self.state})"
+
+
+class Allocation(models.Model):
+    """One GPU of a node given to one attempt; the database forbids giving it twice."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    gpu_index = models.PositiveSmallIntegerField()
+    allocated_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu_index"],
+                condition=Q(released_at__isnull=True),
+                name="gpu_allocated_once",
+                violation_error_message="This GPU is already allocated.",
+            ),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | Q(released_at__gte=F("allocated_at")),
+                name="allocation_release_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.gpu_index} -> attempt {self.attempt_id}"
+
+
+class SchedulerPass(models.Model):
+    """A record of one scheduling pass (for observability and the leader lock's bookkeeping)."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    trigger = models.CharField(max_length=32, default="beat")
+    pending = models.PositiveIntegerField(default=0)
+    placed = models.PositiveIntegerField(default=0)
+    preempted = models.PositiveIntegerField(default=0)
+    core_ms = models.PositiveIntegerField(default=0)
+    total_ms = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"pass {self.pk} at {self.started_at:%H:%M:%S}"

@@ -1,0 +1,10 @@
+"""Shared fixtures: every test that touches the database runs on PostgreSQL."""
+
+import pytest
+from django.core.cache import cache
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis_cache() -> None:
+    # Rate-limit counters and cached values must not leak between tests.
+    cache.clear()
