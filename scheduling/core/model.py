@@ -1,0 +1,179 @@
+"""Plain data the scheduling core consumes: a snapshot of the fleet, the running and pending jobs.
+
+Everything here is immutable and free of Django so that the same objects can be built by the DB
+adapter (from one transaction's reads) and by the trace replay (from a simulated clock).
+Ids are ints, times are float seconds on the caller's clock, money is int micro-credits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+NodeState = Literal["ready", "draining", "unknown", "down"]
+Policy = Literal["fifo", "fifo_backfill", "fair"]
+Allocation = tuple[tuple[int, tuple[int, ...]], ...]
+"""((node_id, (gpu_index, ...)), ...): the exact GPUs of a gang, node by node."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    """A GPU model the fleet sells; price is per GPU-hour in micro-credits."""
+
+    name: str
+    memory_gb: int
+    price_per_gpu_hour_micro: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A host with `gpu_count` GPUs of one type; only `ready` nodes receive new work."""
+
+    id: int
+    gpu_type: str
+    gpu_count: int
+    free_gpu_indices: frozenset[int]
+    region: str = ""
+    nvlink_domain: str = ""
+    ib_group: str = ""
+    state: NodeState = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """A priority tier. Higher `rank` wins; preemption only ever goes from a higher to a lower rank."""
+
+    name: str
+    rank: int
+    preemptible_by_higher: bool
+    can_preempt: bool
+
+
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    # production is never preemptible (seed 004: production inference).
+    PriorityClass("production", 5, preemptible_by_higher=False, can_preempt=True),
+    # premium is only preemptible by spot reclaim (seed 004), which is not a priority decision.
+    PriorityClass("premium", 4, preemptible_by_higher=False, can_preempt=True),
+    PriorityClass("standard", 3, preemptible_by_higher=True, can_preempt=True),
+    PriorityClass("batch", 2, preemptible_by_higher=True, can_preempt=False),
+    PriorityClass("interactive", 1, preemptible_by_higher=True, can_preempt=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A queued job (or a preempted one queued again) asking for a gang of `gpu_count` GPUs."""
+
+    id: int
+    org_id: int
+    project_id: int
+    user_id: int
+    priority_class: str
+    gpu_count: int
+    max_wall_seconds: float
+    submitted_at: float
+    gpu_types: tuple[str, ...] = ()
+    """Acceptable GPU types in order of preference; empty means any type (cheapest first)."""
+    gpu_memory_gb: int = 0
+    """Per-GPU memory floor: types with less memory are never considered."""
+    preemptible: bool = True
+    regions: tuple[str, ...] = ()
+    """Acceptable regions; empty means any."""
+    budget_ok: bool = True
+    """False when the ledger could not fund the hold; the job waits with reason `budget`."""
+    max_wall_by_type: tuple[tuple[str, float], ...] = ()
+    """Optional per-type wall limit (a slow type needs longer); falls back to `max_wall_seconds`."""
+
+    def wall_on(self, gpu_type: str) -> float:
+        for name, seconds in self.max_wall_by_type:
+            if name == gpu_type:
+                return seconds
+        return self.max_wall_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job attempt holding GPUs; `preemption_requested_at` is set once it has been signalled."""
+
+    id: int
+    attempt_id: int
+    org_id: int
+    project_id: int
+    user_id: int
+    priority_class: str
+    preemptible: bool
+    gpu_type: str
+    allocations: Allocation
+    started_at: float
+    max_wall_seconds: float
+    preemption_requested_at: float | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(idx) for _, idx in self.allocations)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Decayed GPU-seconds per org, per project and per (project, user) association."""
+
+    org: Mapping[int, float] = field(default_factory=dict)
+    project: Mapping[int, float] = field(default_factory=dict)
+    user: Mapping[tuple[int, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """Fair-share weights (Slurm "shares"); a missing entry counts as 1.0."""
+
+    org: Mapping[int, float] = field(default_factory=dict)
+    project: Mapping[int, float] = field(default_factory=dict)
+    user: Mapping[tuple[int, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Max concurrent GPUs per (org, gpu type) and per (project, gpu type); absent = unlimited."""
+
+    org: Mapping[tuple[int, str], int] = field(default_factory=dict)
+    project: Mapping[tuple[int, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Policy knobs. Weights are in units of one priority-class step (see docs/scheduler.md)."""
+
+    policy: Policy = "fair"
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    fairshare_half_life_seconds: float = 7 * 24 * 3600.0
+    fairshare_weight: float = 0.5
+    size_weight: float = 0.4
+    """Weight of the small-request factor (requested GPU x wall time), Slurm's job-size factor."""
+    aging_seconds_per_class: float = 24 * 3600.0
+    """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
+    backfill: bool = True
+    max_reservations: int = 1
+    """EASY backfill keeps one reservation (for the top blocked job)."""
+    backfill_max_candidates: int = 20_000
+    """Jobs examined after the first blocked one; the rest wait with reason `priority`."""
+    preemption: bool = True
+    min_runtime_before_preemption_seconds: float = 600.0
+    grace_seconds: float = 120.0
+    max_preemption_attempts: int = 64
+    """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one scheduling pass needs, read at one instant `now`."""
+
+    now: float
+    gpu_types: Mapping[str, GpuType]
+    nodes: tuple[Node, ...]
+    running: tuple[RunningJob, ...]
+    pending: tuple[PendingJob, ...]
+    usage: Usage = field(default_factory=Usage)
+    shares: Shares = field(default_factory=Shares)
+    quotas: Quotas = field(default_factory=Quotas)
+    config: Config = field(default_factory=Config)

@@ -1,0 +1,180 @@
+"""Free-GPU bookkeeping for one pass and best-fit gang placement.
+
+Indexes keep a pass near O(jobs): ready nodes are bucketed by (gpu type, region) and free-GPU count,
+so the tightest single node for a gang of g is found by scanning at most max-GPUs-per-node buckets;
+IB groups keep a running free total so a multi-node gang scans groups, not nodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from scheduling.core.model import Allocation, Node, RunningJob
+
+GroupKey = tuple[str, str]
+"""(gpu_type, ib_group)."""
+
+
+class FleetState:
+    """Mutable free-GPU view of the ready fleet for one scheduling pass."""
+
+    def __init__(self, nodes: Iterable[Node], running: Iterable[RunningJob]) -> None:
+        busy: dict[int, set[int]] = defaultdict(set)
+        for job in running:
+            for node_id, idx in job.allocations:
+                busy[node_id].update(idx)
+        self.node: dict[int, Node] = {}
+        self.free: dict[int, set[int]] = {}
+        self.max_gpus: dict[str, int] = {}
+        self.regions_of: dict[str, list[str]] = defaultdict(list)
+        self.groups_of: dict[str, list[GroupKey]] = defaultdict(list)
+        self.group_nodes: dict[GroupKey, list[int]] = defaultdict(list)
+        self.group_region: dict[GroupKey, str] = {}
+        self.group_free: dict[GroupKey, int] = defaultdict(int)
+        self.group_of: dict[int, GroupKey] = {}
+        self.buckets: dict[tuple[str, str], list[dict[int, None]]] = {}
+        # Reservations hold currently-free GPUs out of the pool: job_id -> node -> indices.
+        self.masked: dict[int, dict[int, set[int]]] = {}
+        ready = sorted((n for n in nodes if n.state == "ready"), key=lambda n: n.id)
+        for n in ready:
+            self.max_gpus[n.gpu_type] = max(self.max_gpus.get(n.gpu_type, 0), n.gpu_count)
+        for n in ready:
+            self.node[n.id] = n
+            # Trust neither side alone: a GPU is free only if the node says so and no running
+            # allocation claims it, and only if the index exists on the node.
+            free = {i for i in n.free_gpu_indices if 0 <= i < n.gpu_count} - busy.get(n.id, set())
+            self.free[n.id] = free
+            bkey = (n.gpu_type, n.region)
+            if bkey not in self.buckets:
+                self.buckets[bkey] = [{} for _ in range(self.max_gpus[n.gpu_type] + 1)]
+                self.regions_of[n.gpu_type].append(n.region)
+            self.buckets[bkey][len(free)][n.id] = None
+            # A node outside any IB group is a group of its own: it can never host a multi-node gang.
+            gkey = (n.gpu_type, n.ib_group or f"node:{n.id}")
+            if gkey not in self.group_region:
+                self.group_region[gkey] = n.region
+                self.groups_of[n.gpu_type].append(gkey)
+            self.group_of[n.id] = gkey
+            self.group_nodes[gkey].append(n.id)
+            self.group_free[gkey] += len(free)
+
+    # -- mutation -------------------------------------------------------------------------------
+    def _move(self, node_id: int, before: int) -> None:
+        n = self.node[node_id]
+        bucket = self.buckets[(n.gpu_type, n.region)]
+        del bucket[before][node_id]
+        after = len(self.free[node_id])
+        bucket[after][node_id] = None
+        self.group_free[self.group_of[node_id]] += after - before
+
+    def take(self, allocations: Allocation) -> None:
+        for node_id, idx in allocations:
+            before = len(self.free[node_id])
+            self.free[node_id].difference_update(idx)
+            self._move(node_id, before)
+
+    def give(self, node_id: int, idx: Iterable[int]) -> None:
+        before = len(self.free[node_id])
+        self.free[node_id].update(idx)
+        self._move(node_id, before)
+
+    def mask(self, job_id: int, allocations: Allocation) -> None:
+        """Hold the currently-free GPUs of `allocations` for `job_id` (others are busy anyway)."""
+        held: dict[int, set[int]] = {}
+        for node_id, idx in allocations:
+            if node_id not in self.free:
+                continue
+            now_free = self.free[node_id].intersection(idx)
+            if now_free:
+                held[node_id] = now_free
+                self.take(((node_id, tuple(now_free)),))
+        self.masked[job_id] = held
+
+    def unmask(self, job_id: int) -> None:
+        for node_id, idx in self.masked.get(job_id, {}).items():
+            self.give(node_id, idx)
+
+    def remask(self, job_id: int) -> None:
+        """Re-hold whatever a short backfill job did not take while the mask was lifted."""
+        held = self.masked.get(job_id, {})
+        for node_id in list(held):
+            still = held[node_id] & self.free[node_id]
+            held[node_id] = still
+            if still:
+                self.take(((node_id, tuple(still)),))
+
+    # -- queries --------------------------------------------------------------------------------
+    def is_multi(self, gpu_type: str, gpu_count: int) -> bool:
+        return gpu_count > self.max_gpus.get(gpu_type, 0)
+
+    def find(self, gpu_type: str, gpu_count: int, regions: tuple[str, ...]) -> Allocation | None:
+        if gpu_type not in self.max_gpus or gpu_count <= 0:
+            return None
+        if self.is_multi(gpu_type, gpu_count):
+            return self._find_multi(gpu_type, gpu_count, regions)
+        return self._find_single(gpu_type, gpu_count, regions)
+
+    def _find_single(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
+        best: tuple[int, int] | None = None
+        for region in self.regions_of[gpu_type]:
+            if regions and region not in regions:
+                continue
+            buckets = self.buckets[(gpu_type, region)]
+            for k in range(g, len(buckets)):
+                if buckets[k]:
+                    # Tightest fit first: a node left with 0 free strands nothing.
+                    if best is None or k < best[0]:
+                        best = (k, next(iter(buckets[k])))
+                    break
+        if best is None:
+            return None
+        node_id = best[1]
+        return ((node_id, tuple(sorted(self.free[node_id])[:g])),)
+
+    def _find_multi(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
+        best: tuple[int, GroupKey] | None = None
+        for gkey in self.groups_of[gpu_type]:
+            if regions and self.group_region[gkey] not in regions:
+                continue
+            total = self.group_free[gkey]
+            if total >= g and (best is None or total < best[0]):
+                best = (total, gkey)
+        if best is None:
+            return None
+        return pick_in_group(self.group_nodes[best[1]], self.free, self.node, g)
+
+
+def pick_in_group(
+    node_ids: list[int], free: dict[int, set[int]], nodes: dict[int, Node], g: int
+) -> Allocation | None:
+    """Fewest nodes for a gang of g inside one IB group, staying in one NVLink domain when possible.
+
+    Whole free nodes first (largest first, nodes of the freest NVLink domain first), then the
+    tightest node that covers the remainder, so the last partial node strands as little as possible.
+    """
+    domain_free: dict[str, int] = defaultdict(int)
+    for n in node_ids:
+        domain_free[nodes[n].nvlink_domain] += len(free[n])
+    cands = sorted(
+        (n for n in node_ids if free[n]),
+        key=lambda n: (-domain_free[nodes[n].nvlink_domain], nodes[n].nvlink_domain, -len(free[n]), n),
+    )
+    remaining = g
+    chosen: list[tuple[int, tuple[int, ...]]] = []
+    used: set[int] = set()
+    while remaining > 0:
+        fits = [n for n in cands if n not in used and len(free[n]) >= remaining]
+        if fits:
+            n = min(fits, key=lambda x: len(free[x]))
+            chosen.append((n, tuple(sorted(free[n])[:remaining])))
+            remaining = 0
+            break
+        rest = [n for n in cands if n not in used]
+        if not rest:
+            return None
+        n = rest[0]
+        used.add(n)
+        chosen.append((n, tuple(sorted(free[n]))))
+        remaining -= len(free[n])
+    return tuple(sorted(chosen))

@@ -1,0 +1,154 @@
+"""Victim selection: the cheapest set of lower-class running jobs whose exit lets a gang start.
+
+Cost of a plan, compared lexicographically: fewest newly signalled victims, then the lowest highest
+victim class, then the most over-share victims (lowest fair-share factor), then the fewest GPUs
+stranded. Jobs already signalled (leaving anyway) are free to count on and are not signalled again;
+their GPUs are claimed once, so two blocked jobs never count the same exiting GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scheduling.core.model import Allocation, RunningJob
+from scheduling.core.placement import FleetState, pick_in_group
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Victims to signal (new) or count on (already signalled), and the gang's future GPUs."""
+
+    victims: tuple[RunningJob, ...]
+    allocations: Allocation
+    cost: tuple[int, int, float, int]
+
+
+class VictimIndex:
+    """Running jobs that may be preempted, by node, for one pass."""
+
+    def __init__(
+        self,
+        running: list[RunningJob],
+        state: FleetState,
+        rank_of: Callable[[str], int],
+        preemptible_class: Callable[[str], bool],
+        fs_of: Callable[[RunningJob], float],
+        now: float,
+        min_runtime: float,
+    ) -> None:
+        self.by_node: dict[int, list[RunningJob]] = defaultdict(list)
+        self.rank: dict[int, int] = {}
+        self.fs: dict[int, float] = {}
+        self.claimed: set[int] = set()
+        for job in running:
+            on_ready = all(n in state.node for n, _ in job.allocations)
+            if not on_ready:
+                continue  # its GPUs would not be reusable anyway
+            signalled = job.preemption_requested_at is not None
+            eligible = (
+                job.preemptible
+                and preemptible_class(job.priority_class)
+                and now - job.started_at >= min_runtime
+            )
+            if not (signalled or eligible):
+                continue
+            self.rank[job.id] = rank_of(job.priority_class)
+            self.fs[job.id] = fs_of(job)
+            for node_id, _ in job.allocations:
+                self.by_node[node_id].append(job)
+        self.min_rank_by_node = {n: min(self.rank[j.id] for j in js) for n, js in self.by_node.items()}
+
+    def _key(self, job: RunningJob) -> tuple[int, int, float, int, float]:
+        signalled = 0 if job.preemption_requested_at is not None else 1
+        return (signalled, self.rank[job.id], self.fs[job.id], -job.gpu_count, -job.started_at)
+
+    def _choose(
+        self, cands: list[RunningJob], have: int, need: int, on: Callable[[RunningJob], int]
+    ) -> list[RunningJob] | None:
+        cands = sorted(cands, key=self._key)
+        chosen: list[RunningJob] = []
+        for job in cands:
+            if have >= need:
+                break
+            chosen.append(job)
+            have += on(job)
+        if have < need:
+            return None
+        # Drop victims we turned out not to need, most valuable (last chosen) first.
+        for job in reversed(list(chosen)):
+            if have - on(job) >= need:
+                chosen.remove(job)
+                have -= on(job)
+        return chosen
+
+    def _cost(self, victims: list[RunningJob], stranded: int) -> tuple[int, int, float, int]:
+        new = [v for v in victims if v.preemption_requested_at is None]
+        top = max((self.rank[v.id] for v in new), default=0)
+        return (len(new), top, sum(self.fs[v.id] for v in new), stranded)
+
+    def plan(
+        self, state: FleetState, gpu_type: str, g: int, regions: tuple[str, ...], rank: int
+    ) -> Plan | None:
+        """Best plan for a gang of g on `gpu_type` for a job of class `rank`, or None."""
+        best: Plan | None = None
+
+        def usable(job: RunningJob) -> bool:
+            return job.id not in self.claimed and self.rank[job.id] < rank and job.gpu_type == gpu_type
+
+        if not state.is_multi(gpu_type, g):
+            for node_id, jobs in self.by_node.items():
+                node = state.node[node_id]
+                if node.gpu_type != gpu_type or node.gpu_count < g or self.min_rank_by_node[node_id] >= rank:
+                    continue
+                if regions and node.region not in regions:
+                    continue
+                cands = [j for j in jobs if usable(j)]
+                if not cands:
+                    continue
+
+                def on_node(job: RunningJob, n: int = node_id) -> int:
+                    return sum(len(idx) for m, idx in job.allocations if m == n)
+
+                have = len(state.free[node_id])
+                chosen = self._choose(cands, have, g, on_node)
+                if chosen is None:
+                    continue
+                gained = have + sum(on_node(v) for v in chosen)
+                cost = self._cost(chosen, gained - g)
+                if best is None or cost < best.cost:
+                    victim_idx = [i for v in chosen for m, idx in v.allocations if m == node_id for i in idx]
+                    picks = (sorted(victim_idx) + sorted(state.free[node_id]))[:g]
+                    best = Plan(tuple(chosen), ((node_id, tuple(sorted(picks))),), cost)
+            return best
+        for gkey in state.groups_of.get(gpu_type, []):
+            if regions and state.group_region[gkey] not in regions:
+                continue
+            members = state.group_nodes[gkey]
+            member_set = set(members)
+            seen: dict[int, RunningJob] = {}
+            for n in members:
+                for j in self.by_node.get(n, ()):
+                    if usable(j):
+                        seen[j.id] = j
+
+            def in_group(job: RunningJob, ms: set[int] = member_set) -> int:
+                return sum(len(idx) for m, idx in job.allocations if m in ms)
+
+            have = state.group_free[gkey]
+            chosen = self._choose(list(seen.values()), have, g, in_group)
+            if chosen is None:
+                continue
+            gained = have + sum(in_group(v) for v in chosen)
+            cost = self._cost(chosen, gained - g)
+            if best is None or cost < best.cost:
+                sim = {n: set(state.free[n]) for n in members}
+                for v in chosen:
+                    for m, idx in v.allocations:
+                        if m in sim:
+                            sim[m].update(idx)
+                alloc = pick_in_group(members, sim, state.node, g)
+                if alloc is not None:
+                    best = Plan(tuple(chosen), alloc, cost)
+        return best

@@ -1,0 +1,270 @@
+"""`schedule(snapshot) -> Result`: one pass, snapshot in, decisions out. No I/O, no clock, no ORM."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from scheduling.core import reasons
+from scheduling.core.backfill import Release, earliest_start, releases_by_type
+from scheduling.core.decisions import Place, Preempt, Reservation, Result, Skip
+from scheduling.core.fairshare import fair_tree_factors, job_priority
+from scheduling.core.model import (
+    Allocation,
+    GpuType,
+    PendingJob,
+    PriorityClass,
+    RunningJob,
+    Snapshot,
+)
+from scheduling.core.placement import FleetState
+from scheduling.core.preemption import VictimIndex
+
+# Unknown class names rank below every configured class and cannot preempt.
+_UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
+FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
+
+
+def schedule(snapshot: Snapshot) -> Result:
+    """Run one scheduling pass. Every pending job gets exactly one Place or Skip, in priority order."""
+    return _Pass(snapshot).run()
+
+
+class _Pass:
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.cfg = snap.config
+        self.now = snap.now
+        self.classes = {c.name: c for c in self.cfg.priority_classes}
+        self.state = FleetState(snap.nodes, snap.running)
+        self.result = Result()
+        self.types_sorted = sorted(
+            snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
+        )
+        self._accept_cache: dict[tuple[tuple[str, ...], int], list[GpuType]] = {}
+        # Quota counters start from what is running now, per (org|project, gpu type).
+        self.org_used: dict[tuple[int, str], int] = defaultdict(int)
+        self.proj_used: dict[tuple[int, str], int] = defaultdict(int)
+        for r in snap.running:
+            self.org_used[(r.org_id, r.gpu_type)] += r.gpu_count
+            self.proj_used[(r.project_id, r.gpu_type)] += r.gpu_count
+        self.fair = self.cfg.policy == "fair"
+        self.do_backfill = self.cfg.policy == "fifo_backfill" or (self.fair and self.cfg.backfill)
+        self.do_preempt = self.fair and self.cfg.preemption
+        self.blocked_by: int | None = None
+        self.candidates_after_block = 0
+        self.fail_min: dict[FailKey, int] = {}
+        self.preempt_fail_min: dict[tuple[str, tuple[str, ...], int], int] = {}
+        self.preempt_attempts = 0
+        self.res_by_type: dict[str, list[Reservation]] = defaultdict(list)
+        self.n_backfill_res = 0
+        self.placed_releases: dict[str, list[Release]] = defaultdict(list)
+        self.base_releases: dict[str, list[Release]] | None = None
+        self.excluded: set[tuple[int, int]] = set()  # running GPUs promised to a preempting job
+        self.fs: dict[tuple[int, int, int], float] = {}
+        self.victims: VictimIndex | None = None
+
+    def cls(self, name: str) -> PriorityClass:
+        return self.classes.get(name, _UNKNOWN_CLASS)
+
+    # -- ordering -------------------------------------------------------------------------------
+    def ordered(self) -> list[PendingJob]:
+        pending = list(self.snap.pending)
+        if not self.fair:
+            return sorted(pending, key=lambda j: (j.submitted_at, j.id))
+        users = {(j.org_id, j.project_id, j.user_id) for j in pending}
+        users.update((r.org_id, r.project_id, r.user_id) for r in self.snap.running)
+        self.fs = fair_tree_factors(users, self.snap.usage, self.snap.shares)
+        prio: dict[int, float] = {}
+        for j in pending:
+            accept = self.acceptable(j)
+            wall = j.wall_on(accept[0].name) if accept else j.max_wall_seconds
+            fs = self.fs[(j.org_id, j.project_id, j.user_id)]
+            prio[j.id] = job_priority(j, self.now, self.cls(j.priority_class).rank, fs, self.cfg, wall)
+        return sorted(pending, key=lambda j: (-prio[j.id], j.submitted_at, j.id))
+
+    def acceptable(self, job: PendingJob) -> list[GpuType]:
+        key = (job.gpu_types, job.gpu_memory_gb)
+        hit = self._accept_cache.get(key)
+        if hit is None:
+            types = self.snap.gpu_types
+            named = [types[n] for n in job.gpu_types if n in types] if job.gpu_types else self.types_sorted
+            hit = [t for t in named if t.memory_gb >= job.gpu_memory_gb]
+            self._accept_cache[key] = hit
+        return hit
+
+    # -- the pass -------------------------------------------------------------------------------
+    def run(self) -> Result:
+        for job in self.ordered():
+            self.consider(job)
+        return self.result
+
+    def skip(self, job: PendingJob, code: str, detail: str = "") -> None:
+        self.result.decisions.append(Skip(job.id, code, detail))
+        self.result.wait_reasons[job.id] = code
+
+    def quota_ok(self, job: PendingJob, gpu_type: str) -> bool:
+        q = self.snap.quotas
+        lim = q.org.get((job.org_id, gpu_type))
+        if lim is not None and self.org_used[(job.org_id, gpu_type)] + job.gpu_count > lim:
+            return False
+        lim = q.project.get((job.project_id, gpu_type))
+        return lim is None or self.proj_used[(job.project_id, gpu_type)] + job.gpu_count <= lim
+
+    def consider(self, job: PendingJob) -> None:
+        if not job.budget_ok:
+            return self.skip(job, reasons.BUDGET, "hold could not be funded")
+        accept = self.acceptable(job)
+        if not accept or job.gpu_count <= 0:
+            return self.skip(job, reasons.NO_MATCHING_GPU_TYPE, "no GPU type meets type/memory request")
+        if self.blocked_by is not None:
+            if not self.do_backfill:
+                return self.skip(job, reasons.PRIORITY, f"behind blocked job {self.blocked_by}")
+            self.candidates_after_block += 1
+            if self.candidates_after_block > self.cfg.backfill_max_candidates:
+                return self.skip(job, reasons.PRIORITY, "beyond the backfill candidate cap")
+        types = [t.name for t in accept if self.quota_ok(job, t.name)]
+        if not types:
+            return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
+        for t in types:
+            alloc = self.try_place(job, t)
+            if alloc is not None:
+                return self.place(job, t, alloc)
+        can_preempt = self.do_preempt and self.cls(job.priority_class).can_preempt
+        if can_preempt and self.try_preempt(job, types):
+            return None
+        for t in types:
+            holder = self.reserved_holder(job, t)
+            if holder is not None:
+                return self.skip(
+                    job, reasons.reserved_for(holder), f"fits on {t} only by delaying job {holder}"
+                )
+        first_block = self.blocked_by is None
+        if first_block:
+            self.blocked_by = job.id
+        if self.do_backfill and self.n_backfill_res < self.cfg.max_reservations:
+            res = self.reserve(job, types)
+            if res is not None:
+                return self.skip(
+                    job, reasons.RESOURCES, f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}"
+                )
+            return self.skip(job, reasons.RESOURCES, "does not fit the ready fleet even when idle")
+        return self.skip(job, reasons.RESOURCES, "no free gang of GPUs")
+
+    def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
+        """Reservations on this type the job may ignore because it ends (by max wall) before them."""
+        end = self.now + job.wall_on(gpu_type)
+        return frozenset(r.job_id for r in self.res_by_type.get(gpu_type, ()) if end <= r.start_at)
+
+    def try_place(self, job: PendingJob, gpu_type: str, lift_all: bool = False) -> Allocation | None:
+        lifted = (
+            frozenset(r.job_id for r in self.res_by_type.get(gpu_type, ()))
+            if lift_all
+            else self.lifted(job, gpu_type)
+        )
+        key: FailKey = (gpu_type, job.regions, lifted, self.state.is_multi(gpu_type, job.gpu_count))
+        known = self.fail_min.get(key)
+        if known is not None and job.gpu_count >= known:
+            return None  # a gang this big (or smaller) already failed against the same free pool
+        for jid in lifted:
+            self.state.unmask(jid)
+        alloc = self.state.find(gpu_type, job.gpu_count, job.regions)
+        if alloc is not None and not lift_all:
+            self.state.take(alloc)
+        for jid in lifted:
+            self.state.remask(jid)
+        if alloc is None:
+            self.fail_min[key] = min(job.gpu_count, known or job.gpu_count)
+        return alloc
+
+    def reserved_holder(self, job: PendingJob, gpu_type: str) -> int | None:
+        if not self.res_by_type.get(gpu_type):
+            return None
+        if self.try_place(job, gpu_type, lift_all=True) is None:
+            return None
+        return self.res_by_type[gpu_type][0].job_id
+
+    def place(self, job: PendingJob, gpu_type: str, alloc: Allocation) -> None:
+        backfilled = self.blocked_by is not None
+        wall = job.wall_on(gpu_type)
+        price = self.snap.gpu_types[gpu_type].price_per_gpu_hour_micro
+        code = reasons.BACKFILLED if backfilled else reasons.PLACED
+        self.result.decisions.append(Place(job.id, gpu_type, alloc, backfilled, code, price, wall))
+        self.org_used[(job.org_id, gpu_type)] += job.gpu_count
+        self.proj_used[(job.project_id, gpu_type)] += job.gpu_count
+        for node_id, idx in alloc:
+            self.placed_releases[gpu_type].append((self.now + wall, node_id, idx))
+
+    # -- reservations ---------------------------------------------------------------------------
+    def reserve(self, job: PendingJob, types: list[str]) -> Reservation | None:
+        if self.base_releases is None:
+            self.base_releases = releases_by_type(
+                self.snap.running, self.state, self.now, self.cfg.grace_seconds
+            )
+        best: tuple[float, str, Allocation] | None = None
+        for t in types:
+            if self.res_by_type.get(t):
+                continue  # one reservation per type keeps the EASY guarantee simple to reason about
+            rel = self.base_releases.get(t, []) + self.placed_releases.get(t, [])
+            found = earliest_start(self.state, t, job.gpu_count, job.regions, rel, self.excluded)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], t, found[1])
+        if best is None:
+            return None
+        res = Reservation(job.id, best[1], best[0], best[2], "backfill")
+        self.add_reservation(res)
+        self.n_backfill_res += 1
+        return res
+
+    def add_reservation(self, res: Reservation) -> None:
+        self.state.mask(res.job_id, res.allocations)
+        self.res_by_type[res.gpu_type].append(res)
+        self.result.reservations.append(res)
+
+    # -- preemption -----------------------------------------------------------------------------
+    def try_preempt(self, job: PendingJob, types: list[str]) -> bool:
+        rank = self.cls(job.priority_class).rank
+        if self.victims is None:
+            self.victims = VictimIndex(
+                list(self.snap.running),
+                self.state,
+                lambda n: self.cls(n).rank,
+                lambda n: self.cls(n).preemptible_by_higher,
+                self._running_fs,
+                self.now,
+                self.cfg.min_runtime_before_preemption_seconds,
+            )
+        for t in types:
+            key = (t, job.regions, rank)
+            known = self.preempt_fail_min.get(key)
+            if known is not None and job.gpu_count >= known:
+                continue
+            if self.preempt_attempts >= self.cfg.max_preemption_attempts:
+                return False
+            self.preempt_attempts += 1
+            plan = self.victims.plan(self.state, t, job.gpu_count, job.regions, rank)
+            if plan is None:
+                self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
+                continue
+            new = [v for v in plan.victims if v.preemption_requested_at is None]
+            for v in plan.victims:
+                self.victims.claimed.add(v.id)
+                for node_id, idx in v.allocations:
+                    self.excluded.update((node_id, i) for i in idx)
+            grace = self.cfg.grace_seconds
+            for v in new:
+                self.result.decisions.append(
+                    Preempt(v.id, v.attempt_id, job.id, grace, reasons.PREEMPTED_FOR_PRIORITY)
+                )
+            start = max(self._exit_by(v) for v in plan.victims)
+            self.add_reservation(Reservation(job.id, t, start, plan.allocations, "preemption"))
+            ids = ",".join(str(v.id) for v in plan.victims)
+            self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit")
+            return True
+        return False
+
+    def _exit_by(self, v: RunningJob) -> float:
+        signalled = v.preemption_requested_at if v.preemption_requested_at is not None else self.now
+        return max(self.now, min(signalled + self.cfg.grace_seconds, v.started_at + v.max_wall_seconds))
+
+    def _running_fs(self, job: RunningJob) -> float:
+        return self.fs.get((job.org_id, job.project_id, job.user_id), 1.0)
