@@ -105,6 +105,33 @@ class FleetState:
                 self.take(((node_id, tuple(still)),))
 
     # -- queries --------------------------------------------------------------------------------
+    def mask_holder(self, gpu_type: str, g: int, regions: tuple[str, ...], job_ids: list[int]) -> int | None:
+        """Which reservation's held GPUs would let a gang of g fit, without touching the pool.
+
+        Only nodes with held GPUs can change the answer, so this reads a handful of nodes.
+        """
+        extra: dict[int, int] = defaultdict(int)
+        owner: dict[int, int] = {}
+        for jid in job_ids:
+            for node_id, idx in self.masked.get(jid, {}).items():
+                if idx:
+                    extra[node_id] += len(idx)
+                    owner.setdefault(node_id, jid)
+        multi = self.is_multi(gpu_type, g)
+        group_extra: dict[GroupKey, int] = defaultdict(int)
+        for node_id, k in extra.items():
+            n = self.node[node_id]
+            if n.gpu_type != gpu_type or (regions and n.region not in regions):
+                continue
+            if not multi and len(self.free[node_id]) + k >= g:
+                return owner[node_id]
+            group_extra[self.group_of[node_id]] += k
+        if multi:
+            for gkey, k in group_extra.items():
+                if self.group_free[gkey] + k >= g:
+                    return owner[next(n for n in self.group_nodes[gkey] if n in owner)]
+        return None
+
     def is_multi(self, gpu_type: str, gpu_count: int) -> bool:
         return gpu_count > self.max_gpus.get(gpu_type, 0)
 

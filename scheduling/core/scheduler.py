@@ -62,6 +62,8 @@ class _Pass:
         self.excluded: set[tuple[int, int]] = set()  # running GPUs promised to a preempting job
         self.fs: dict[tuple[int, int, int], float] = {}
         self.victims: VictimIndex | None = None
+        self._holding: dict[str, list[Reservation]] = {}  # cache, dropped when masks change
+        self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -150,17 +152,30 @@ class _Pass:
             return self.skip(job, reasons.RESOURCES, "does not fit the ready fleet even when idle")
         return self.skip(job, reasons.RESOURCES, "no free gang of GPUs")
 
+    def holding(self, gpu_type: str) -> list[Reservation]:
+        """Reservations on this type that hold currently-free GPUs (others mask nothing)."""
+        hit = self._holding.get(gpu_type)
+        if hit is None:
+            masked = self.state.masked
+            hit = [r for r in self.res_by_type.get(gpu_type, ()) if any(masked.get(r.job_id, {}).values())]
+            self._holding[gpu_type] = hit
+        return hit
+
     def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
         """Reservations on this type the job may ignore because it ends (by max wall) before them."""
         end = self.now + job.wall_on(gpu_type)
-        return frozenset(r.job_id for r in self.res_by_type.get(gpu_type, ()) if end <= r.start_at)
+        return frozenset(r.job_id for r in self.holding(gpu_type) if end <= r.start_at)
 
-    def try_place(self, job: PendingJob, gpu_type: str, lift_all: bool = False) -> Allocation | None:
-        lifted = (
-            frozenset(r.job_id for r in self.res_by_type.get(gpu_type, ()))
-            if lift_all
-            else self.lifted(job, gpu_type)
-        )
+    def try_place(self, job: PendingJob, gpu_type: str) -> Allocation | None:
+        # The unmasked pool first: cheap and usually enough; lifting masks costs bookkeeping.
+        alloc = self._find(job, gpu_type, frozenset())
+        if alloc is None:
+            lifted = self.lifted(job, gpu_type)
+            if lifted:
+                alloc = self._find(job, gpu_type, lifted)
+        return alloc
+
+    def _find(self, job: PendingJob, gpu_type: str, lifted: frozenset[int]) -> Allocation | None:
         key: FailKey = (gpu_type, job.regions, lifted, self.state.is_multi(gpu_type, job.gpu_count))
         known = self.fail_min.get(key)
         if known is not None and job.gpu_count >= known:
@@ -168,8 +183,10 @@ class _Pass:
         for jid in lifted:
             self.state.unmask(jid)
         alloc = self.state.find(gpu_type, job.gpu_count, job.regions)
-        if alloc is not None and not lift_all:
+        if alloc is not None:
             self.state.take(alloc)
+            if lifted:
+                self._masks_changed(gpu_type)
         for jid in lifted:
             self.state.remask(jid)
         if alloc is None:
@@ -177,11 +194,18 @@ class _Pass:
         return alloc
 
     def reserved_holder(self, job: PendingJob, gpu_type: str) -> int | None:
-        if not self.res_by_type.get(gpu_type):
+        holding = self.holding(gpu_type)
+        if not holding:
             return None
-        if self.try_place(job, gpu_type, lift_all=True) is None:
-            return None
-        return self.res_by_type[gpu_type][0].job_id
+        key = (gpu_type, job.gpu_count, job.regions)
+        if key not in self._holder:
+            ids = [r.job_id for r in holding]
+            self._holder[key] = self.state.mask_holder(gpu_type, job.gpu_count, job.regions, ids)
+        return self._holder[key]
+
+    def _masks_changed(self, gpu_type: str) -> None:
+        self._holding.pop(gpu_type, None)
+        self._holder.clear()
 
     def place(self, job: PendingJob, gpu_type: str, alloc: Allocation) -> None:
         backfilled = self.blocked_by is not None
@@ -217,6 +241,7 @@ class _Pass:
 
     def add_reservation(self, res: Reservation) -> None:
         self.state.mask(res.job_id, res.allocations)
+        self._masks_changed(res.gpu_type)
         self.res_by_type[res.gpu_type].append(res)
         self.result.reservations.append(res)
 
