@@ -108,7 +108,9 @@ def backoff_delay(
 class ApiClient:
     """The five agent endpoints, each one HTTP request with a bearer node token."""
 
-    def __init__(self, server: str, token: str, *, timeout: float, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self, server: str, token: str, *, timeout: float, transport: httpx.BaseTransport | None = None
+    ):
         self._http = httpx.Client(
             base_url=server.rstrip("/"),
             headers={

@@ -108,7 +108,7 @@ class NvmlSampler:
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
                 util += float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 mem_mb += int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used) // (1024 * 1024)
-        except Exception as exc:  # noqa: BLE001 - any NVML failure is just "no metric this time"
+        except Exception as exc:
             log.debug("NVML sample failed: %s", exc, extra={"attempt": "-"})
             return 0.0, 0
         return util / len(gpu_indices), mem_mb
@@ -133,7 +133,7 @@ def detect_nvml() -> tuple[list[GpuInfo], NvmlSampler] | None:
                     uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                 )
             )
-    except Exception as exc:  # noqa: BLE001 - NVML raises its own error types; all mean "no GPUs"
+    except Exception as exc:
         log.warning("NVML unavailable: %s", exc, extra={"attempt": "-"})
         return None
     return (gpus, NvmlSampler(nvml)) if gpus else None

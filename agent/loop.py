@@ -98,7 +98,7 @@ class Agent:
             while not stop.is_set():
                 try:
                     self.tick_once()
-                except Exception:  # noqa: BLE001 - a bug in one tick must not orphan running jobs
+                except Exception:
                     log.exception("loop tick failed", extra={"attempt": "-"})
                 stop.wait(self.tick)
         finally:
@@ -128,7 +128,10 @@ class Agent:
             tries += 1
             delay = self._backoff(tries, result)
             log.warning(
-                "registration failed (%s); retry %d in %.2fs", result.describe(), tries, delay,
+                "registration failed (%s); retry %d in %.2fs",
+                result.describe(),
+                tries,
+                delay,
                 extra={"attempt": "-"},
             )
             stop.wait(delay)
@@ -139,18 +142,34 @@ class Agent:
             raise FatalError(f"registration response has no integer node_id: {body!r}")
         self.node_id = body["node_id"]
         server_interval = body.get("heartbeat_interval_s")
-        if self.config.heartbeat_interval is None and isinstance(server_interval, (int, float)) and server_interval > 0:
+        if (
+            self.config.heartbeat_interval is None
+            and isinstance(server_interval, (int, float))
+            and server_interval > 0
+        ):
             self.heartbeat_interval = float(server_interval)
         log.info(
-            "registered node_id=%s gpus=%d heartbeat_interval=%ss", self.node_id, len(self.gpus),
-            self.heartbeat_interval, extra={"attempt": "-"},
+            "registered node_id=%s gpus=%d heartbeat_interval=%ss",
+            self.node_id,
+            len(self.gpus),
+            self.heartbeat_interval,
+            extra={"attempt": "-"},
         )
         # A fresh agent runs nothing, so whatever the server believes runs here died with the
         # previous agent process. Report it lost, unless a persisted exit report says more.
         for attempt_id in body.get("running_attempts") or []:
-            if not isinstance(attempt_id, int) or attempt_id in self.outbox or self.runner.is_running(attempt_id):
+            if (
+                not isinstance(attempt_id, int)
+                or attempt_id in self.outbox
+                or self.runner.is_running(attempt_id)
+            ):
                 continue
-            alog(log, logging.WARNING, attempt_id, "server lists it as running here but it is not; reporting lost")
+            alog(
+                log,
+                logging.WARNING,
+                attempt_id,
+                "server lists it as running here but it is not; reporting lost",
+            )
             self._finish(ExitRecord(attempt_id, 0, 0, None, None, "lost"))
 
     def shutdown(self) -> None:
@@ -243,7 +262,14 @@ class Agent:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             attempt = item.get("attempt_id") if isinstance(item, dict) else None
-            alog(log, logging.ERROR, attempt if isinstance(attempt, int) else None, "bad start item %r: %s", item, exc)
+            alog(
+                log,
+                logging.ERROR,
+                attempt if isinstance(attempt, int) else None,
+                "bad start item %r: %s",
+                item,
+                exc,
+            )
             return None
         return spec
 
@@ -252,7 +278,13 @@ class Agent:
             return  # idempotent: the server repeats a start until it sees /started
         foreign = sorted(set(spec.gpu_indices) - self._gpu_indices)
         if foreign or not spec.gpu_indices:
-            alog(log, logging.ERROR, spec.attempt_id, "refusing start: gpu_indices %s not on this node", list(spec.gpu_indices))
+            alog(
+                log,
+                logging.ERROR,
+                spec.attempt_id,
+                "refusing start: gpu_indices %s not on this node",
+                list(spec.gpu_indices),
+            )
             self._finish(ExitRecord(spec.attempt_id, 0, 0, None, None, "failed"))
             return
         if self.runner.start(spec):
@@ -272,13 +304,25 @@ class Agent:
                 continue
             handled.add(request.attempt_id)
             if request.reason not in STOP_REASONS:
-                alog(log, logging.WARNING, request.attempt_id, "unknown stop reason %r; treating as cancelled", request.reason)
+                alog(
+                    log,
+                    logging.WARNING,
+                    request.attempt_id,
+                    "unknown stop reason %r; treating as cancelled",
+                    request.reason,
+                )
                 request = StopRequest(request.attempt_id, "cancelled", request.grace_seconds)
             if self.runner.stop(request) or request.attempt_id in self._finished:
                 continue
             # Never ran here (stopped before we polled its start): say so, so the server is not
             # left waiting for an exit that would never come.
-            alog(log, logging.WARNING, request.attempt_id, "stop for an attempt not running here; reporting %s", request.reason)
+            alog(
+                log,
+                logging.WARNING,
+                request.attempt_id,
+                "stop for an attempt not running here; reporting %s",
+                request.reason,
+            )
             self._finish(ExitRecord(request.attempt_id, 0, 0, None, None, request.reason))
         return handled
 
@@ -296,9 +340,8 @@ class Agent:
 
     def _flush_started(self, now: float) -> None:
         for attempt_id in list(self._pending_started):
-            if not self._send_started(attempt_id, now):
-                if now < self._down.next_at:
-                    return
+            if not self._send_started(attempt_id, now) and now < self._down.next_at:
+                return
 
     def _send_started(self, attempt_id: int, now: float) -> bool:
         """True once /started is settled (delivered, or refused for good)."""
@@ -312,7 +355,14 @@ class Agent:
         if result.outcome is Outcome.RETRY:
             state.tries += 1
             state.next_at = now + self._backoff(state.tries, result)
-            alog(log, logging.WARNING, attempt_id, "started not delivered (%s); retry %d", result.describe(), state.tries)
+            alog(
+                log,
+                logging.WARNING,
+                attempt_id,
+                "started not delivered (%s); retry %d",
+                result.describe(),
+                state.tries,
+            )
             return False
         del self._pending_started[attempt_id]
         if not result.ok:
@@ -338,8 +388,13 @@ class Agent:
                 delay = self._backoff(entry.tries + 1, result)
                 self.outbox.postpone(attempt_id, now + delay)
                 alog(
-                    log, logging.WARNING, attempt_id, "exit not delivered (%s); retry %d in %.2fs",
-                    result.describe(), entry.tries, delay,
+                    log,
+                    logging.WARNING,
+                    attempt_id,
+                    "exit not delivered (%s); retry %d in %.2fs",
+                    result.describe(),
+                    entry.tries,
+                    delay,
                 )
             else:
                 # 409: the server's state cannot take it (already settled another way) - done for us.
@@ -362,8 +417,11 @@ class Agent:
 
     def _backoff(self, tries: int, result: Result) -> float:
         return backoff_delay(
-            tries, base=self.config.backoff_base, cap=self.config.backoff_cap,
-            retry_after=result.retry_after, rng=self._rng,
+            tries,
+            base=self.config.backoff_base,
+            cap=self.config.backoff_cap,
+            retry_after=result.retry_after,
+            rng=self._rng,
         )
 
 

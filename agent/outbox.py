@@ -7,6 +7,7 @@ would leave the server to settle on the last heartbeat and requeue by policy. Th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -111,8 +112,6 @@ class Outbox:
                 os.fsync(fh.fileno())
             os.replace(tmp, self._path)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             raise

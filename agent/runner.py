@@ -6,6 +6,7 @@ are never delayed by a slow HTTP request in the main loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -101,10 +102,8 @@ class _Running:
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     # The job runs in its own session, so its pgid is its pid; signalling the group reaches the
     # shell and everything it spawned (a training launcher's workers included).
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
@@ -170,8 +169,14 @@ class Runner:
                 return True
             self._running[spec.attempt_id] = _Running(spec, proc, self._clock(), log_file)
         alog(
-            log, logging.INFO, spec.attempt_id, "started job=%s pid=%s gpus=%s max_wall=%ss",
-            spec.job_id, proc.pid, env["CUDA_VISIBLE_DEVICES"], spec.max_wall_seconds,
+            log,
+            logging.INFO,
+            spec.attempt_id,
+            "started job=%s pid=%s gpus=%s max_wall=%ss",
+            spec.job_id,
+            proc.pid,
+            env["CUDA_VISIBLE_DEVICES"],
+            spec.max_wall_seconds,
         )
         return True
 
@@ -237,7 +242,7 @@ class Runner:
         while not stop.is_set():
             try:
                 self.supervise_once()
-            except Exception:  # noqa: BLE001 - the supervisor must outlive any one bad attempt
+            except Exception:
                 log.exception("supervisor tick failed", extra={"attempt": "-"})
             stop.wait(tick)
 
@@ -265,8 +270,12 @@ class Runner:
         running.outcome = outcome
         running.kill_at = self._clock() + max(grace, 0.0)
         alog(
-            log, logging.INFO, running.spec.attempt_id, "stopping (%s): SIGTERM to group, SIGKILL in %ss",
-            outcome, grace,
+            log,
+            logging.INFO,
+            running.spec.attempt_id,
+            "stopping (%s): SIGTERM to group, SIGKILL in %ss",
+            outcome,
+            grace,
         )
         _signal_group(running.proc, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         running.killed = grace <= 0
@@ -282,8 +291,14 @@ class Runner:
         record = ExitRecord(attempt_id, running.seq + 1, running.gpu_ms(now), exit_code, sig, outcome)
         self._exits.append(record)
         alog(
-            log, logging.INFO, attempt_id, "exited outcome=%s exit_code=%s signal=%s gpu_ms=%s",
-            outcome, exit_code, sig, record.cumulative_gpu_ms,
+            log,
+            logging.INFO,
+            attempt_id,
+            "exited outcome=%s exit_code=%s signal=%s gpu_ms=%s",
+            outcome,
+            exit_code,
+            sig,
+            record.cumulative_gpu_ms,
         )
 
     def _open_log(self, attempt_id: int) -> IO[bytes] | None:
@@ -293,7 +308,7 @@ class Runner:
             return None
         try:
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            return open(self._log_dir / f"attempt-{attempt_id}.log", "ab")  # noqa: SIM115
+            return open(self._log_dir / f"attempt-{attempt_id}.log", "ab")
         except OSError as exc:
             alog(log, logging.WARNING, attempt_id, "cannot open job log: %s", exc)
             return None

@@ -68,13 +68,13 @@ class FakeServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            def do_GET(self) -> None:
                 server._handle(self, "GET")
 
-            def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            def do_POST(self) -> None:
                 server._handle(self, "POST")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
@@ -90,13 +90,22 @@ class FakeServer:
         self.httpd = None
 
     def add_start(
-        self, attempt_id: int, command: str, *, gpus: list[int] | None = None, max_wall: int = 60,
-        env: dict[str, str] | None = None, job_id: int | None = None,
+        self,
+        attempt_id: int,
+        command: str,
+        *,
+        gpus: list[int] | None = None,
+        max_wall: int = 60,
+        env: dict[str, str] | None = None,
+        job_id: int | None = None,
     ) -> None:
         with self.lock:
             self.starts[attempt_id] = {
-                "attempt_id": attempt_id, "job_id": job_id or attempt_id + 1000, "command": command,
-                "gpu_indices": gpus if gpus is not None else [0], "max_wall_seconds": max_wall,
+                "attempt_id": attempt_id,
+                "job_id": job_id or attempt_id + 1000,
+                "command": command,
+                "gpu_indices": gpus if gpus is not None else [0],
+                "max_wall_seconds": max_wall,
                 "env": env or {},
             }
 
@@ -109,7 +118,8 @@ class FakeServer:
     def seen(self, method: str, path: str, status: int | None = None) -> list[Recorded]:
         with self.lock:
             return [
-                r for r in self.requests
+                r
+                for r in self.requests
                 if r.method == method and r.path == path and (status is None or r.status == status)
             ]
 
@@ -127,7 +137,9 @@ class FakeServer:
         body = json.loads(raw) if raw else None
         with self.lock:
             status, payload = self._route(method, h.path, body)
-            self.requests.append(Recorded(method, h.path, h.headers.get("Authorization"), body, status, time.monotonic()))
+            self.requests.append(
+                Recorded(method, h.path, h.headers.get("Authorization"), body, status, time.monotonic())
+            )
         data = json.dumps(payload).encode()
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
@@ -143,8 +155,11 @@ class FakeServer:
         prefix = "/api/v1/agent"
         stops = [s for a, s in self.stops.items() if a not in self.exited]
         if (method, path) == ("POST", f"{prefix}/register"):
-            return 200, {"node_id": self.node_id, "heartbeat_interval_s": self.heartbeat_interval_s,
-                         "running_attempts": list(self.running_attempts)}
+            return 200, {
+                "node_id": self.node_id,
+                "heartbeat_interval_s": self.heartbeat_interval_s,
+                "running_attempts": list(self.running_attempts),
+            }
         if (method, path) == ("GET", f"{prefix}/assignments"):
             starts = [s for a, s in self.starts.items() if self.repeat_starts or a not in self.started]
             return 200, {"start": starts, "stop": stops}
@@ -174,10 +189,21 @@ def fake_server() -> Iterator[FakeServer]:
 
 def make_config(server: FakeServer, **overrides: Any) -> Config:
     base = Config(
-        server=server.url, token=TOKEN, hostname="node-a", region="eu-1", fake_gpus="4xH100",
-        nvlink_domain="nvl-1", ib_group="ib-2", heartbeat_interval=0.05, poll_interval=0.05,
-        timeout_grace=0.3, shutdown_grace=0.5, shutdown_flush=1.0, request_timeout=2.0,
-        backoff_base=0.02, backoff_cap=0.2,
+        server=server.url,
+        token=TOKEN,
+        hostname="node-a",
+        region="eu-1",
+        fake_gpus="4xH100",
+        nvlink_domain="nvl-1",
+        ib_group="ib-2",
+        heartbeat_interval=0.05,
+        poll_interval=0.05,
+        timeout_grace=0.3,
+        shutdown_grace=0.5,
+        shutdown_flush=1.0,
+        request_timeout=2.0,
+        backoff_base=0.02,
+        backoff_cap=0.2,
     )
     return replace(base, **overrides)
 

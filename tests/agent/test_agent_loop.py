@@ -25,7 +25,9 @@ def test_registers_its_gpus_and_labels_then_heartbeats_with_no_attempts(fake_ser
     assert body["region"] == "eu-1"
     assert body["labels"] == {"nvlink_domain": "nvl-1", "ib_group": "ib-2"}
     assert body["agent_version"] == __version__
-    assert [(g["index"], g["model"], g["memory_gb"]) for g in body["gpus"]] == [(i, "H100", 80) for i in range(4)]
+    assert [(g["index"], g["model"], g["memory_gb"]) for g in body["gpus"]] == [
+        (i, "H100", 80) for i in range(4)
+    ]
     assert all(g["uuid"].startswith("GPU-") for g in body["gpus"])
     assert len({g["uuid"] for g in body["gpus"]}) == 4
     assert fake_server.heartbeats()[0].body == {"attempts": []}
@@ -54,8 +56,10 @@ def test_job_gets_its_gpus_env_and_is_started_once(fake_server, run_agent, wait_
     monkeypatch.setenv("GPUBANK_AGENT_TOKEN", "secret")
     fake_server.repeat_starts = True  # the server keeps saying "start": the agent must not re-spawn
     fake_server.add_start(
-        11, f"echo run >> {job_dir}/runs; env > {job_dir}/env; sleep 0.3",
-        gpus=[2, 3], env={"WANDB_MODE": "offline"},
+        11,
+        f"echo run >> {job_dir}/runs; env > {job_dir}/env; sleep 0.3",
+        gpus=[2, 3],
+        env={"WANDB_MODE": "offline"},
     )
     run_agent()
     wait_for(lambda: fake_server.exits(11), what="exit report")
@@ -92,7 +96,9 @@ def test_heartbeats_carry_increasing_seq_and_cumulative_usage(fake_server, run_a
     assert final == {**final, "exit_code": 0, "signal": None, "outcome": "completed"}
 
 
-@pytest.mark.parametrize(("command", "exit_code", "outcome"), [("exit 0", 0, "completed"), ("exit 3", 3, "failed")])
+@pytest.mark.parametrize(
+    ("command", "exit_code", "outcome"), [("exit 0", 0, "completed"), ("exit 3", 3, "failed")]
+)
 def test_exit_code_is_reported(fake_server, run_agent, wait_for, command, exit_code, outcome):
     fake_server.add_start(31, command)
     run_agent()
@@ -216,7 +222,13 @@ def test_restarted_agent_reports_attempts_it_no_longer_runs_as_lost(fake_server,
     fake_server.running_attempts = [91]
     run_agent()
     (report,) = wait_for(lambda: fake_server.exits(91), what="lost report")
-    assert report.body == {"seq": 0, "cumulative_gpu_ms": 0, "exit_code": None, "signal": None, "outcome": "lost"}
+    assert report.body == {
+        "seq": 0,
+        "cumulative_gpu_ms": 0,
+        "exit_code": None,
+        "signal": None,
+        "outcome": "lost",
+    }
 
 
 def test_stop_for_an_attempt_that_never_ran_here_is_reported(fake_server, run_agent, wait_for, job_dir):
@@ -240,7 +252,9 @@ def test_start_on_a_gpu_the_node_lacks_is_refused(fake_server, run_agent, wait_f
 def test_agent_shutdown_kills_jobs_and_reports_them_lost(fake_server, run_agent, wait_for, job_dir):
     fake_server.add_start(94, f"echo $$ > {job_dir}/pid; sleep 30 & wait")
     running = run_agent()
-    pid = int(wait_for(lambda: (job_dir / "pid").exists() and (job_dir / "pid").read_text().strip(), what="pid"))
+    pid = int(
+        wait_for(lambda: (job_dir / "pid").exists() and (job_dir / "pid").read_text().strip(), what="pid")
+    )
     assert running.stop() == 0
     (report,) = fake_server.exits(94)
     assert report.body["outcome"] == "lost"
