@@ -1,0 +1,1 @@
+"""Scheduling services: every write of the scheduling app."""

@@ -1,0 +1,344 @@
+"""The job lifecycle, in one place: the transition table and every state change of jobs and attempts.
+
+States: queued -> scheduled -> running -> (completed | failed | cancelled | timed_out | preempted),
+and preempted -> queued again. Each change is a conditional UPDATE (`filter(state=from)`) made
+under the job's row lock and audited with a reason code in the same transaction.
+
+Attempt outcomes (what the agent reports, docs/agent-protocol.md §5) are either permanent (the job
+ends) or transient (`lost`, `preempted`: the job is queued again with a fresh hold). A node loss counts
+against `Job.max_retries` and backs off exponentially (`Job.not_before`); a preemption is the
+scheduler's own decision, so it neither counts as a retry nor backs off.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from audit.models import AuditEvent
+from audit.services import record
+from config.clock import db_now
+from config.errors import DomainError
+from scheduling.models import (
+    TERMINAL_JOB_STATES,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobState,
+)
+
+S = JobState
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    # scheduled -> queued/preempted: the attempt was lost or preempted before the agent started it.
+    S.SCHEDULED: frozenset(
+        {S.RUNNING, S.QUEUED, S.PREEMPTED, S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT}
+    ),
+    S.RUNNING: frozenset({S.QUEUED, S.PREEMPTED, S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT}),
+    S.PREEMPTED: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+
+# Outcomes an attempt can end with, and where each sends the job.
+PERMANENT_OUTCOMES: dict[str, str] = {
+    "completed": S.COMPLETED,
+    "failed": S.FAILED,  # non-zero exit
+    "launch_failed": S.FAILED,  # bad command / image: retrying cannot help
+    "timed_out": S.TIMED_OUT,
+    "cancelled": S.CANCELLED,
+    "out_of_credit": S.FAILED,
+}
+TRANSIENT_OUTCOMES = frozenset({"lost", "preempted"})
+OUTCOMES = frozenset(PERMANENT_OUTCOMES) | TRANSIENT_OUTCOMES
+LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
+
+
+class IllegalTransition(DomainError):
+    """The job is not in a state from which this change is allowed."""
+
+    type = "illegal-job-transition"
+    status = 409
+    title = "Job state conflict"
+
+
+class UnknownOutcome(DomainError):
+    type = "unknown-attempt-outcome"
+    status = 400
+    title = "Unknown attempt outcome"
+
+
+def can_transition(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS.get(from_state, frozenset())
+
+
+def _setting(name: str, default: int) -> int:
+    return int(getattr(settings, name, default))
+
+
+def retry_backoff(retry_number: int) -> timedelta:
+    """Delay before retry `n` (1-based): base * 2**(n-1), capped."""
+    base = _setting("SCHEDULER_RETRY_BACKOFF_SECONDS", 30)
+    cap = _setting("SCHEDULER_RETRY_BACKOFF_MAX_SECONDS", 3600)
+    return timedelta(seconds=min(cap, base * 2 ** max(0, retry_number - 1)))
+
+
+def _lock_job(job_id: int) -> Job:
+    return Job.objects.select_for_update(of=("self",)).get(pk=job_id)
+
+
+def _actor(actor: Any) -> tuple[str, str]:
+    if actor is None:
+        return AuditEvent.ActorType.SYSTEM, ""
+    return AuditEvent.ActorType.USER, str(getattr(actor, "pk", actor))
+
+
+@transaction.atomic
+def transition(
+    job: Job,
+    to: str,
+    *,
+    reason_code: str = "",
+    actor: Any = None,
+    actor_type: str | None = None,
+    data: dict[str, Any] | None = None,
+    **fields: Any,
+) -> Job:
+    """Move `job` to state `to` (table above); extra `fields` are written in the same UPDATE.
+
+    Locks the job row and re-reads it, so `job` may be stale; raises IllegalTransition when the
+    current state does not allow `to`. Updates `job` in place and returns it.
+    """
+    current = _lock_job(job.pk)
+    if not can_transition(current.state, to):
+        raise IllegalTransition(
+            f"Job {job.pk} cannot go from {current.state} to {to}.",
+            job_id=job.pk,
+            state=current.state,
+            to=to,
+        )
+    now = db_now()
+    if to in TERMINAL_JOB_STATES:
+        fields.setdefault("finished_at", now)
+    changed = Job.objects.filter(pk=job.pk, state=current.state).update(
+        state=to, updated_at=now, **fields
+    )
+    if changed != 1:  # impossible under the lock; the check keeps the claim honest
+        raise IllegalTransition(f"Job {job.pk} changed state concurrently.", job_id=job.pk)
+    kind, actor_id = _actor(actor)
+    record(
+        action="sched.job.transition",
+        subject_type="job",
+        subject_id=job.pk,
+        org_id=job.org_id,
+        actor_type=actor_type or kind,
+        actor_id=actor_id,
+        reason_code=reason_code or to,
+        data={"from": current.state, "to": to, **(data or {})},
+    )
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.state = to
+    job.updated_at = now
+    return job
+
+
+@transaction.atomic
+def mark_attempt_started(*, attempt: JobAttempt) -> JobAttempt:
+    """The agent started the attempt: attempt scheduled -> running, job scheduled -> running.
+
+    Idempotent: a repeated start report changes nothing. An attempt already asked to stop keeps
+    `stopping` but records its start time.
+    """
+    job = _lock_job(attempt.job_id)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
+    if attempt.state == AttemptState.ENDED or attempt.started_at is not None:
+        return attempt
+    now = db_now()
+    new_state = AttemptState.STOPPING if attempt.state == AttemptState.STOPPING else AttemptState.RUNNING
+    JobAttempt.objects.filter(pk=attempt.pk, state=attempt.state).update(
+        state=new_state, started_at=now
+    )
+    attempt.state, attempt.started_at = new_state, now
+    if job.state == S.SCHEDULED:
+        transition(job, S.RUNNING, reason_code="started", actor_type=AuditEvent.ActorType.AGENT,
+                   data={"attempt": attempt.number})
+    return attempt
+
+
+@transaction.atomic
+def request_stop(
+    *, attempt: JobAttempt, reason: str, grace_seconds: int | float | None = None
+) -> JobAttempt:
+    """Ask the agent to stop a live attempt (SIGTERM, then SIGKILL after `grace_seconds`).
+
+    The attempt becomes `stopping`; its GPUs stay allocated until the agent reports the exit
+    (finish_attempt). Asking again is a no-op, except that a cancellation overrides an earlier
+    reason, so the job ends as the user asked.
+    """
+    if grace_seconds is None:
+        grace_seconds = _setting("SCHEDULER_STOP_GRACE_SECONDS", 30)
+    _lock_job(attempt.job_id)
+    current = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
+    if current.state == AttemptState.ENDED:
+        return current
+    if current.state == AttemptState.STOPPING and not (
+        reason == "cancelled" and current.stop_reason != "cancelled"
+    ):
+        return current
+    now = db_now()
+    grace = int(grace_seconds)
+    changed = JobAttempt.objects.filter(pk=current.pk, state=current.state).update(
+        state=AttemptState.STOPPING,
+        stop_requested_at=current.stop_requested_at or now,
+        stop_reason=reason,
+        grace_seconds=grace,
+    )
+    if changed == 1:
+        record(
+            action="sched.attempt.stop",
+            subject_type="attempt",
+            subject_id=current.pk,
+            org_id=current.org_id,
+            actor_type=AuditEvent.ActorType.SCHEDULER,
+            reason_code=reason,
+            data={"job": current.job_id, "attempt": current.number, "grace_seconds": grace},
+        )
+    current.refresh_from_db()
+    return current
+
+
+@transaction.atomic
+def cancel_job(*, job: Job, actor: Any = None) -> Job:
+    """Cancel a job. Queued: release its hold and cancel now. Scheduled/running: stop the attempt;
+    the job becomes cancelled when the agent reports the exit. Cancelling twice is a no-op."""
+    job = _lock_job(job.pk)
+    if job.state == S.CANCELLED:
+        return job
+    if job.state in (S.QUEUED, S.PREEMPTED):
+        hold = job.current_hold
+        if hold is not None:
+            _release_whole_hold(hold_id=hold.pk, key=f"job:{job.pk}:cancel", actor=actor)
+        return transition(job, S.CANCELLED, reason_code="cancelled", actor=actor,
+                          end_reason="cancelled", wait_reason="", wait_detail="")
+    if job.state in (S.SCHEDULED, S.RUNNING):
+        attempt = JobAttempt.objects.filter(job=job, state__in=LIVE_ATTEMPT_STATES).first()
+        if attempt is not None:
+            request_stop(attempt=attempt, reason="cancelled")
+        kind, actor_id = _actor(actor)
+        record(
+            action="sched.job.cancel_requested",
+            subject_type="job",
+            subject_id=job.pk,
+            org_id=job.org_id,
+            actor_type=kind,
+            actor_id=actor_id,
+            reason_code="cancelled",
+            data={"state": job.state},
+        )
+        return job
+    raise IllegalTransition(
+        f"Job {job.pk} already ended ({job.state}).", job_id=job.pk, state=job.state, to=S.CANCELLED
+    )
+
+
+def _release_whole_hold(*, hold_id: int, key: str, actor: Any) -> None:
+    """Release everything left on a hold: budgets first (after locking the hold), then buckets."""
+    from budgets.services import record_release
+
+    from ledger.locks import lock_hold
+    from ledger.models import HoldState
+    from ledger.services import release_hold
+
+    hold = lock_hold(hold_id)
+    if hold.state != HoldState.ACTIVE:
+        return
+    if hold.remaining:
+        record_release(hold=hold, amount=hold.remaining)
+    release_hold(hold=hold, key=key, actor=actor, reason="job cancelled")
+
+
+def effective_outcome(attempt: JobAttempt, reported: str) -> str:
+    """What an attempt's end means: a requested stop explains the exit unless the job completed."""
+    if reported not in OUTCOMES:
+        raise UnknownOutcome(f"Unknown outcome {reported!r}.", outcome=reported)
+    if attempt.stop_reason and reported != "completed":
+        return attempt.stop_reason
+    return reported
+
+
+@transaction.atomic
+def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None = None) -> Job:
+    """End an attempt: release its GPUs, settle its usage, then requeue the job or end it.
+
+    Exactly once: a second report for an ended attempt returns the job unchanged.
+    """
+    job = _lock_job(attempt.job_id)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
+    if attempt.state == AttemptState.ENDED:
+        return job
+    final = effective_outcome(attempt, outcome)
+    now = db_now()
+    changed = JobAttempt.objects.filter(pk=attempt.pk, state=attempt.state).update(
+        state=AttemptState.ENDED, ended_at=now, outcome=final, exit_code=exit_code
+    )
+    if changed != 1:
+        return job
+    attempt.state, attempt.ended_at, attempt.outcome, attempt.exit_code = (
+        AttemptState.ENDED, now, final, exit_code
+    )
+    Allocation.objects.filter(attempt=attempt, released_at__isnull=True).update(released_at=now)
+
+    from metering.services import settle_attempt  # metering owns the final capture
+
+    settle_attempt(attempt=attempt, outcome=final)
+    data = {"attempt": attempt.number, "outcome": final, "exit_code": exit_code}
+    if final in PERMANENT_OUTCOMES:
+        return transition(job, PERMANENT_OUTCOMES[final], reason_code=final,
+                          actor_type=AuditEvent.ActorType.AGENT, data=data, end_reason=final)
+    if final == "preempted":
+        transition(job, S.PREEMPTED, reason_code="preempted", data=data)
+        return requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
+    # A lost node: retry with exponential backoff while retries remain.
+    retries_used = JobAttempt.objects.filter(job=job, outcome="lost").count()
+    if retries_used > job.max_retries:
+        return transition(job, S.FAILED, reason_code="retries-exhausted", data=data,
+                          end_reason="retries-exhausted")
+    return requeue(job=job, not_before=now + retry_backoff(retries_used),
+                   reason_code="requeued-after-node-lost", data=data)
+
+
+def requeue(
+    *, job: Job, not_before: Any, reason_code: str, data: dict[str, Any] | None = None
+) -> Job:
+    """Queue the job again with a fresh hold. If the hold cannot be funded, the job still waits
+    (reason `budget`, no hold) and `fund_waiting_jobs` tries again later."""
+    transition(job, S.QUEUED, reason_code=reason_code, data=data, not_before=not_before,
+               current_hold=None, wait_reason="", wait_detail="")
+    fund_job(job=job)
+    return job
+
+
+def fund_job(*, job: Job) -> bool:
+    """Give a queued job without a hold a fresh one; on a funding/budget refusal, mark it waiting."""
+    from scheduling.services.reservation import reserve_job_hold
+
+    key = f"job:{job.pk}:attempt:{job.attempt_count + 1}:hold"
+    try:
+        with transaction.atomic():  # savepoint: a refusal must not poison the caller's transaction
+            hold = reserve_job_hold(job=job, key=key)
+    except DomainError as error:
+        Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
+            wait_reason="budget", wait_detail=str(error.detail)[:255]
+        )
+        job.wait_reason, job.wait_detail = "budget", str(error.detail)[:255]
+        return False
+    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)
+    job.current_hold, job.estimate = hold, hold.authorized
+    return True

@@ -1,0 +1,171 @@
+"""The job lifecycle: the transition table, starts, stop requests and cancellation in each state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from audit.models import AuditEvent
+from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
+from scheduling.services.lifecycle import (
+    TRANSITIONS,
+    IllegalTransition,
+    UnknownOutcome,
+    can_transition,
+    cancel_job,
+    effective_outcome,
+    mark_attempt_started,
+    request_stop,
+    retry_backoff,
+    transition,
+)
+
+pytestmark = pytest.mark.django_db
+
+S = JobState
+LEGAL = [(a, b) for a, targets in TRANSITIONS.items() for b in targets]
+ILLEGAL = [
+    (S.QUEUED, S.RUNNING),
+    (S.QUEUED, S.COMPLETED),
+    (S.COMPLETED, S.QUEUED),
+    (S.FAILED, S.QUEUED),
+    (S.CANCELLED, S.SCHEDULED),
+    (S.TIMED_OUT, S.RUNNING),
+    (S.PREEMPTED, S.RUNNING),
+    (S.RUNNING, S.SCHEDULED),
+]
+
+
+@pytest.mark.parametrize(("start", "end"), LEGAL)
+def test_legal_transitions_update_and_audit(
+    make_job: Callable[..., Job], start: str, end: str
+) -> None:
+    job = make_job(start)
+    transition(job, end, reason_code="test")
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, job.state) == (end, end)
+    event = AuditEvent.objects.filter(subject_type="job", subject_id=str(job.pk)).get()
+    assert event.data["from"] == start and event.data["to"] == end
+    assert event.reason_code == "test"
+    assert (stored.finished_at is not None) == (end in (S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMED_OUT))
+
+
+@pytest.mark.parametrize(("start", "end"), ILLEGAL)
+def test_illegal_transitions_change_nothing(
+    make_job: Callable[..., Job], start: str, end: str
+) -> None:
+    job = make_job(start)
+    assert not can_transition(start, end)
+    with pytest.raises(IllegalTransition):
+        transition(job, end)
+    assert Job.objects.get(pk=job.pk).state == start
+    assert not AuditEvent.objects.filter(subject_type="job").exists()
+
+
+def test_transition_rereads_a_stale_instance(make_job: Callable[..., Job]) -> None:
+    job = make_job(S.QUEUED)
+    stale = Job.objects.get(pk=job.pk)
+    transition(job, S.SCHEDULED)
+    # The stale copy still says queued, but the row is scheduled: queued -> scheduled again is refused
+    # only because scheduled -> scheduled is not in the table; running is legal from scheduled.
+    with pytest.raises(IllegalTransition):
+        transition(stale, S.SCHEDULED)
+    transition(stale, S.RUNNING)
+    assert Job.objects.get(pk=job.pk).state == S.RUNNING
+
+
+def test_mark_started_is_idempotent(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    job = make_job(S.SCHEDULED)
+    attempt = make_attempt(job)
+    started = mark_attempt_started(attempt=attempt)
+    assert started.state == AttemptState.RUNNING and started.started_at is not None
+    again = mark_attempt_started(attempt=attempt)
+    assert again.started_at == started.started_at
+    assert Job.objects.get(pk=job.pk).state == S.RUNNING
+    assert AuditEvent.objects.filter(subject_type="job", reason_code="started").count() == 1
+
+
+def test_request_stop_sets_grace_and_cancel_overrides(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    job = make_job(S.RUNNING)
+    attempt = make_attempt(job, AttemptState.RUNNING)
+    stopped = request_stop(attempt=attempt, reason="preempted", grace_seconds=120)
+    assert (stopped.state, stopped.stop_reason, stopped.grace_seconds) == (
+        AttemptState.STOPPING, "preempted", 120,
+    )
+    first_at = stopped.stop_requested_at
+    assert request_stop(attempt=attempt, reason="preempted", grace_seconds=5).grace_seconds == 120
+    cancelled = request_stop(attempt=attempt, reason="cancelled", grace_seconds=10)
+    assert (cancelled.stop_reason, cancelled.stop_requested_at) == ("cancelled", first_at)
+    assert AuditEvent.objects.filter(action="sched.attempt.stop").count() == 2
+
+
+def test_started_after_stop_keeps_stopping(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    job = make_job(S.SCHEDULED)
+    attempt = make_attempt(job)
+    request_stop(attempt=attempt, reason="cancelled", grace_seconds=5)
+    started = mark_attempt_started(attempt=attempt)
+    assert started.state == AttemptState.STOPPING and started.started_at is not None
+    assert Job.objects.get(pk=job.pk).state == S.RUNNING
+
+
+def test_cancel_queued_without_hold_is_immediate_and_idempotent(make_job: Callable[..., Job]) -> None:
+    job = make_job(S.QUEUED, hold=False, wait_reason="resources")
+    cancelled = cancel_job(job=job, actor=job.user)
+    assert cancelled.state == S.CANCELLED and cancelled.end_reason == "cancelled"
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.wait_reason) == (S.CANCELLED, "")
+    assert cancel_job(job=job, actor=job.user).state == S.CANCELLED
+    event = AuditEvent.objects.get(subject_type="job", reason_code="cancelled")
+    assert (event.actor_type, event.actor_id) == ("user", str(job.user_id))
+
+
+@pytest.mark.parametrize("state", [S.SCHEDULED, S.RUNNING])
+def test_cancel_live_job_requests_stop_and_waits_for_exit(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt], fleet: dict[str, Any],
+    state: str,
+) -> None:
+    job = make_job(state)
+    attempt_state = AttemptState.RUNNING if state == S.RUNNING else AttemptState.SCHEDULED
+    attempt = make_attempt(job, attempt_state)
+    Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=0,
+                              allocated_at=attempt.scheduled_at)
+    result = cancel_job(job=job, actor=job.user)
+    assert result.state == state  # becomes cancelled when the agent reports the exit
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.stop_reason) == (AttemptState.STOPPING, "cancelled")
+    assert Allocation.objects.filter(attempt=attempt, released_at__isnull=True).count() == 1
+    assert AuditEvent.objects.filter(action="sched.job.cancel_requested").count() == 1
+
+
+@pytest.mark.parametrize("state", [S.COMPLETED, S.FAILED, S.TIMED_OUT])
+def test_cancel_ended_job_is_refused(make_job: Callable[..., Job], state: str) -> None:
+    job = make_job(state)
+    with pytest.raises(IllegalTransition):
+        cancel_job(job=job, actor=None)
+    assert Job.objects.get(pk=job.pk).state == state
+
+
+def test_requested_stop_explains_the_exit(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    attempt = make_attempt(make_job(S.RUNNING), AttemptState.STOPPING, stop_reason="preempted")
+    assert effective_outcome(attempt, "failed") == "preempted"
+    assert effective_outcome(attempt, "completed") == "completed"
+    plain = JobAttempt(stop_reason="")
+    assert effective_outcome(plain, "lost") == "lost"
+    with pytest.raises(UnknownOutcome):
+        effective_outcome(plain, "exploded")
+
+
+def test_backoff_doubles_and_caps(settings: Any) -> None:
+    settings.SCHEDULER_RETRY_BACKOFF_SECONDS = 10
+    settings.SCHEDULER_RETRY_BACKOFF_MAX_SECONDS = 60
+    assert [retry_backoff(n).total_seconds() for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
