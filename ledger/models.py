@@ -73,6 +73,10 @@ class Bucket(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["org", "expires_at"], name="bucket_org_expiry_idx")]
+        permissions = [
+            ("issue_credits", "Can issue credits (purchase, grant, promotion)"),
+            ("void_credits", "Can void available credits"),
+        ]
 
     def __str__(self) -> str:
         return f"bucket {self.pk} ({self.kind}/{self.source}) of {self.org_id}"
@@ -100,6 +104,10 @@ class LedgerTransaction(models.Model):
     )
     created_at = models.DateTimeField(db_index=True)  # database clock
     memo = models.TextField(blank=True, default="")
+    # Total moved (sum of the positive postings); what a retry with the same key must match.
+    amount = models.BigIntegerField(default=0)
+    # The operation's parameters, compared on a retry with the same key (idempotency).
+    params = models.JSONField(default=dict, blank=True)
     request_id = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:

@@ -1,0 +1,93 @@
+"""Typed ledger errors; the API renders them as RFC 9457 problem details by `type` and `status`."""
+
+from config.errors import DomainError
+
+
+class LedgerError(DomainError):
+    """Base of every ledger rule violation."""
+
+    type = "ledger-error"
+    status = 400
+    title = "Ledger operation rejected"
+
+
+class InvalidAmount(LedgerError):
+    """An amount that is zero, negative or not an integer of micro-credits."""
+
+    type = "invalid-amount"
+    title = "Invalid amount"
+
+
+class InvalidExpiry(LedgerError):
+    """An expiry at or before the effective time."""
+
+    type = "invalid-expiry"
+    title = "Invalid expiry"
+
+
+class UnknownGpuType(LedgerError):
+    """A GPU type name that the fleet does not know."""
+
+    type = "unknown-gpu-type"
+    title = "Unknown GPU type"
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"Unknown GPU type(s): {', '.join(names)}.", names=names)
+        self.names = names
+
+
+class InvalidParameter(LedgerError):
+    """A parameter outside its allowed values (kind, source, a project of another org...)."""
+
+    type = "invalid-parameter"
+    title = "Invalid parameter"
+
+
+class InsufficientCredits(LedgerError):
+    """The eligible buckets cannot fund the requested amount (all-or-nothing)."""
+
+    type = "insufficient-credits"
+    status = 402
+    title = "Insufficient credits"
+
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(
+            f"Needs {needed} micro-credits, only {available} available.",
+            needed=needed,
+            available=available,
+        )
+        self.needed = needed
+        self.available = available
+
+
+class HoldNotActive(LedgerError):
+    """The hold is already settled or voided."""
+
+    type = "hold-not-active"
+    status = 409
+    title = "Hold is not active"
+
+
+class CaptureExceedsHold(LedgerError):
+    """A capture or release larger than what the hold still holds."""
+
+    type = "capture-exceeds-hold"
+    status = 409
+    title = "Amount exceeds the hold"
+
+    def __init__(self, requested: int, remaining: int) -> None:
+        super().__init__(
+            f"Requested {requested} micro-credits, the hold has {remaining} left.",
+            requested=requested,
+            remaining=remaining,
+        )
+        self.requested = requested
+        self.remaining = remaining
+
+
+class IdempotencyConflict(LedgerError):
+    """The same idempotency key (or finance reference) was used with different parameters."""
+
+    type = "idempotency-conflict"
+    status = 422
+    title = "Idempotency key reused with different parameters"

@@ -1,0 +1,23 @@
+"""Ledger services: the only way to move credits (docs/interfaces.md, docs/ledger.md).
+
+Every service is keyword-only, one `transaction.atomic()`, takes locks through `ledger.locks`
+(hold -> buckets by id), decides after re-reading, writes with conditional UPDATEs and a balanced
+journal transaction plus its audit event, and is retried on 40001/40P01 when it is outermost.
+"""
+
+from ledger.services.expiry import expire_due_buckets
+from ledger.services.holds import extend_hold, place_hold
+from ledger.services.issuance import issue_credits, void_credits
+from ledger.services.settlement import capture, release_hold, release_partial, settle_hold
+
+__all__ = [
+    "capture",
+    "expire_due_buckets",
+    "extend_hold",
+    "issue_credits",
+    "place_hold",
+    "release_hold",
+    "release_partial",
+    "settle_hold",
+    "void_credits",
+]

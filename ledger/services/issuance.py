@@ -1,0 +1,162 @@
+"""Issuing credits (purchase, grant, promotion) and voiding what is still available."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from accounts.models import Organization, Project
+from ledger.clock import ledger_now
+from ledger.errors import (
+    IdempotencyConflict,
+    InsufficientCredits,
+    InvalidAmount,
+    InvalidExpiry,
+    InvalidParameter,
+)
+from ledger.locks import lock_buckets
+from ledger.models import Account, Bucket, BucketKind, BucketSource, LedgerTransaction, TransactionKind
+from ledger.retry import retry_on_conflict
+from ledger.services._journal import (
+    AVAILABLE,
+    audit,
+    check_amount,
+    check_gpu_types,
+    check_project,
+    move_bucket,
+    post_transaction,
+    replay,
+)
+
+
+def _issue_params(bucket: Bucket) -> dict[str, Any]:
+    return {
+        "amount": bucket.granted,
+        "kind": bucket.kind,
+        "source": bucket.source,
+        "project": bucket.project_id,
+        "gpu_types": list(bucket.gpu_types),
+        "expires_at": bucket.expires_at.astimezone(UTC).isoformat() if bucket.expires_at else None,
+    }
+
+
+def _same_grant(bucket: Bucket, wanted: Bucket, effective_given: bool) -> Bucket:
+    if _issue_params(bucket) != _issue_params(wanted) or (
+        effective_given and bucket.effective_at != wanted.effective_at
+    ):
+        raise IdempotencyConflict(
+            f"Reference {bucket.reference!r} was already issued with different parameters.",
+            reference=bucket.reference,
+            bucket=bucket.pk,
+        )
+    return bucket
+
+
+@retry_on_conflict()
+@transaction.atomic
+def issue_credits(
+    *,
+    org: Organization,
+    amount: int,
+    kind: str,
+    source: str,
+    reference: str,
+    reason: str,
+    effective_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    project: Project | None = None,
+    gpu_types: Iterable[str] = (),
+    actor: Any = None,
+) -> Bucket:
+    """Create a bucket funded from `issuance`; idempotent by (org, reference)."""
+    check_amount(amount)
+    if kind not in BucketKind.values:
+        raise InvalidParameter(f"Unknown credit kind {kind!r}.", field="kind")
+    if source not in BucketSource.values:
+        raise InvalidParameter(f"Unknown credit source {source!r}.", field="source")
+    if not reference or len(reference) > 128:
+        raise InvalidParameter("A finance reference (1-128 characters) is required.", field="reference")
+    if not reason or not reason.strip():
+        raise InvalidParameter("A reason is required.", field="reason")
+    project_id = check_project(org.pk, project)
+    types = check_gpu_types(gpu_types)
+    now = ledger_now()
+    effective = effective_at or now
+    if expires_at is not None and expires_at <= effective:
+        raise InvalidExpiry("The expiry must be after the effective time.")
+    wanted = Bucket(
+        org_id=org.pk,
+        project_id=project_id,
+        kind=kind,
+        source=source,
+        gpu_types=types,
+        effective_at=effective,
+        expires_at=expires_at,
+        granted=amount,
+        available=amount,
+        reference=reference,
+        reason=reason,
+        created_by=actor if actor is not None and not isinstance(actor, str) else None,
+    )
+    existing = Bucket.objects.filter(org_id=org.pk, reference=reference).first()
+    if existing is not None:
+        return _same_grant(existing, wanted, effective_at is not None)
+    try:
+        with transaction.atomic():
+            wanted.save(force_insert=True)
+    except IntegrityError:
+        # A concurrent issue with the same reference committed first.
+        existing = Bucket.objects.get(org_id=org.pk, reference=reference)
+        return _same_grant(existing, wanted, effective_at is not None)
+    txn = post_transaction(
+        org_id=org.pk,
+        kind=TransactionKind.ISSUE,
+        key=f"issue:{reference}",
+        legs=[(Account.ISSUANCE, None, -amount), (AVAILABLE, wanted.pk, amount)],
+        now=now,
+        params=_issue_params(wanted),
+        memo=reason,
+    )
+    audit(
+        txn=txn, subject_type="ledger.bucket", subject_id=wanted.pk, actor=actor, reason=reason,
+        reason_code=source, data={"kind": kind, "project": project_id},
+    )
+    return wanted
+
+
+@retry_on_conflict()
+@transaction.atomic
+def void_credits(
+    *, bucket: Bucket, reason: str, key: str, amount: int | None = None, actor: Any = None
+) -> LedgerTransaction:
+    """Move (part of) a bucket's available credits to `void`; held credits are untouched."""
+    if amount is not None:
+        check_amount(amount)
+    if not reason or not reason.strip():
+        raise InvalidParameter("A reason is required.", field="reason")
+    (locked,) = lock_buckets([bucket.pk])
+    params = {"bucket": locked.pk, "amount": amount}
+    txn_key = f"void:{key}"
+    previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.VOID, params=params)
+    if previous is not None:
+        return previous
+    to_void = locked.available if amount is None else amount
+    if to_void == 0:
+        raise InvalidAmount("Nothing is available to void in this bucket.")
+    if to_void > locked.available:
+        raise InsufficientCredits(needed=to_void, available=locked.available)
+    move_bucket(locked.pk, source="available", target="voided", amount=to_void)
+    txn = post_transaction(
+        org_id=locked.org_id,
+        kind=TransactionKind.VOID,
+        key=txn_key,
+        legs=[(AVAILABLE, locked.pk, -to_void), (Account.VOID, None, to_void)],
+        now=ledger_now(),
+        params=params,
+        memo=reason,
+    )
+    audit(txn=txn, subject_type="ledger.bucket", subject_id=locked.pk, actor=actor, reason=reason)
+    return txn
