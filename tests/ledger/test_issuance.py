@@ -1,0 +1,135 @@
+"""Issuing and voiding credits: journal, idempotency by reference, bad input writes nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from ledger.errors import (
+    IdempotencyConflict,
+    InsufficientCredits,
+    InvalidAmount,
+    InvalidExpiry,
+    InvalidParameter,
+    UnknownGpuType,
+)
+from ledger.models import Account, Bucket, BucketKind, BucketSource, LedgerTransaction, Posting
+from ledger.services import issue_credits, place_hold, void_credits
+from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
+from tests.ledger.conftest import assert_journal_consistent
+
+pytestmark = pytest.mark.django_db
+
+
+def _issue(org, **overrides):
+    params = {
+        "org": org, "amount": 1_000, "kind": BucketKind.PAID, "source": BucketSource.PURCHASE,
+        "reference": "inv-1", "reason": "invoice 1",
+    }
+    params.update(overrides)
+    return issue_credits(**params)
+
+
+def _counts() -> tuple[int, int, int, int]:
+    return (
+        Bucket.objects.count(), LedgerTransaction.objects.count(), Posting.objects.count(),
+        AuditEvent.objects.count(),
+    )
+
+
+def test_issue_posts_issuance_to_available_and_audits(org) -> None:
+    user = UserFactory()
+    bucket = _issue(org, actor=user)
+    assert (bucket.granted, bucket.available) == (1_000, 1_000)
+    txn = LedgerTransaction.objects.get(org=org)
+    assert sorted((p.account, p.amount) for p in txn.postings.all()) == [
+        (Account.BUCKET_AVAILABLE, 1_000), (Account.ISSUANCE, -1_000)
+    ]
+    event = AuditEvent.objects.get(action="ledger.issue")
+    assert (event.actor_type, event.actor_id) == ("user", str(user.pk))
+    assert (event.amount, event.org_id) == (1_000, org.pk)
+    assert event.data["reason"] == "invoice 1"
+    assert bucket.created_by == user
+
+
+def test_issue_is_idempotent_by_reference(org) -> None:
+    first = _issue(org)
+    assert _issue(org).pk == first.pk
+    assert LedgerTransaction.objects.count() == 1
+    with pytest.raises(IdempotencyConflict):
+        _issue(org, amount=2_000)
+    other_org = OrganizationFactory()
+    assert _issue(other_org).pk != first.pk
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"amount": 0}, InvalidAmount),
+        ({"amount": -5}, InvalidAmount),
+        ({"amount": 1.5}, InvalidAmount),
+        ({"kind": "gold"}, InvalidParameter),
+        ({"source": "gift"}, InvalidParameter),
+        ({"reason": "  "}, InvalidParameter),
+        ({"reference": ""}, InvalidParameter),
+        ({"gpu_types": ["Z9000"]}, UnknownGpuType),
+        ({"effective_at": "now", "expires_at": "before"}, InvalidExpiry),
+        ({"project": "other-org"}, InvalidParameter),
+    ],
+)
+def test_bad_issue_input_writes_nothing(org, gpu_types, overrides, error) -> None:
+    now = timezone.now()
+    if overrides.get("effective_at") == "now":
+        overrides = {"effective_at": now, "expires_at": now - timedelta(seconds=1)}
+    if overrides.get("project") == "other-org":
+        overrides = {"project": ProjectFactory()}
+    before = _counts()
+    with pytest.raises(error):
+        _issue(org, **overrides)
+    assert _counts() == before
+
+
+def test_void_available_part_only(org) -> None:
+    bucket = fund(org, 100)
+    place_hold(org=org, amount=30, key="h")
+    with pytest.raises(InsufficientCredits):
+        void_credits(bucket=bucket, reason="refund", key="v", amount=71)
+    txn = void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20)
+    assert void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20).pk == txn.pk
+    with pytest.raises(IdempotencyConflict):
+        void_credits(bucket=bucket, reason="chargeback", key="v1", amount=21)
+    void_credits(bucket=bucket, reason="close", key="v2")
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.voided) == (0, 30, 70)
+    before = _counts()
+    with pytest.raises(InvalidAmount):
+        void_credits(bucket=bucket, reason="again", key="v3")
+    with pytest.raises(InvalidParameter):
+        void_credits(bucket=bucket, reason="", key="v4", amount=1)
+    assert _counts() == before
+    assert AuditEvent.objects.filter(action="ledger.void").count() == 2
+    assert_journal_consistent()
+
+
+@pytest.mark.parametrize("change", ["update", "delete"])
+def test_journal_is_append_only_at_the_database(org, change) -> None:
+    fund(org, 10)
+    posting = Posting.objects.first()
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        if change == "update":
+            Posting.objects.filter(pk=posting.pk).update(amount=999)
+        else:
+            Posting.objects.filter(pk=posting.pk).delete()
+    assert Posting.objects.get(pk=posting.pk).amount == posting.amount
+
+
+def test_finance_group_has_view_issue_and_void_permissions() -> None:
+    codes = set(Group.objects.get(name="finance").permissions.values_list("codename", flat=True))
+    assert {"issue_credits", "void_credits", "view_bucket", "view_ledgertransaction", "view_hold",
+            "view_posting", "view_holdline", "view_auditevent"} <= codes
+    assert not any(c.startswith(("add_", "change_", "delete_")) for c in codes)
