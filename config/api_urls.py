@@ -1,3 +1,7 @@
 """API v1 routes, gathered from each app's api package."""
 
-urlpatterns: list = []
+from django.urls import include, path
+
+urlpatterns: list = [
+    path("agent/", include("metering.api.urls")),
+]

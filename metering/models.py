@@ -18,6 +18,8 @@ class AttemptUsage(models.Model):
     gpu_utilization = models.FloatField(null=True, blank=True)  # telemetry, never money
     memory_used_mb = models.BigIntegerField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Set once, by settlement, in the same transaction; heartbeats stop moving the row after it.
+    settled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -1,0 +1,158 @@
+"""Usage to money while an attempt runs: progress captures, hold extensions, out-of-credit stops.
+
+Runs periodically (Celery beat), never on the heartbeat path. Each charge is
+`cost(billable now) - cost(already captured)`, keyed by the cumulative total, so a repeated or
+concurrent run captures nothing twice. When what is left on the hold would not cover the next
+look-ahead window, the hold is extended by one window (DESIGN.md §4: renewed window by window) if
+funds and budgets allow; otherwise the attempt is stopped gracefully with reason `out_of_credit` and
+settled when it exits (or by the node sweep if it never reports).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from audit.models import AuditEvent
+from audit.services import record
+from config.errors import DomainError
+from ledger.locks import lock_hold
+from ledger.models import Hold, HoldState
+from ledger.services import capture, extend_hold
+from metering import conf
+from metering.cost import cost
+from metering.models import AttemptUsage
+from metering.settlement import captured_gpu_ms_for, lock_usage
+from scheduling.models import AttemptState, Job, JobAttempt
+
+
+class Action(enum.StrEnum):
+    NOTHING = "nothing"
+    CAPTURED = "captured"
+    EXTENDED = "extended"
+    STOPPED = "out_of_credit"
+
+
+@dataclass(frozen=True)
+class ChargeResult:
+    """What one charge_progress run did for one attempt."""
+
+    captured: int = 0
+    extended: int = 0
+    actions: tuple[Action, ...] = ()
+
+
+def _window_ms(attempt: JobAttempt, seconds: float) -> int:
+    ratio = conf.value("METERING_CAP_TOLERANCE_RATIO")
+    return int(seconds * 1000 * attempt.gpu_count * (1 + ratio))
+
+
+def lookahead_cost(attempt: JobAttempt) -> int:
+    """Cost of what the attempt may use before the next run can react: two charge intervals, one
+    heartbeat interval and an out-of-credit grace (the stop is graceful, so it still runs then)."""
+    seconds = (
+        2 * conf.value("METERING_CHARGE_INTERVAL_S")
+        + conf.value("METERING_HEARTBEAT_INTERVAL_S")
+        + conf.value("METERING_OUT_OF_CREDIT_GRACE_S")
+    )
+    return cost(_window_ms(attempt, seconds), attempt.rate_per_gpu_hour)
+
+
+def max_cost(attempt: JobAttempt, job: Job) -> int:
+    """The most the attempt can ever bill: the billable cap at its max wall time."""
+    slack = conf.seconds("METERING_CAP_SLACK_MS_PER_GPU") * attempt.gpu_count
+    return cost(_window_ms(attempt, job.max_wall_seconds) + slack, attempt.rate_per_gpu_hour)
+
+
+def extension_amount(attempt: JobAttempt, job: Job, hold: Hold) -> int:
+    """One hold window's cost (org policy, else the default window), never beyond max wall time."""
+    window = job.org.hold_window_seconds or conf.seconds("METERING_EXTENSION_WINDOW_S")
+    wanted = cost(_window_ms(attempt, window), attempt.rate_per_gpu_hour)
+    return max(0, min(wanted, max_cost(attempt, job) - hold.authorized))
+
+
+def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> int:
+    from budgets.services import record_capture
+
+    due = cost(usage.billable_gpu_ms, attempt.rate_per_gpu_hour)
+    delta = min(due - hold.captured, hold.remaining)
+    if delta <= 0:
+        return 0
+    total = hold.captured + delta
+    record_capture(hold=hold, amount=delta)
+    capture(hold=hold, amount=delta, key=f"attempt:{attempt.pk}:progress:{total}",
+            reason=f"attempt {attempt.pk} usage {usage.billable_gpu_ms} gpu-ms")
+    hold.captured = total
+    AttemptUsage.objects.filter(pk=usage.pk).update(
+        captured_gpu_ms=captured_gpu_ms_for(
+            billable=usage.billable_gpu_ms, captured=total, rate=attempt.rate_per_gpu_hour
+        )
+    )
+    return delta
+
+
+def _try_extend(attempt: JobAttempt, job: Job, hold: Hold, amount: int) -> str:
+    """Extend by `amount` in a savepoint; returns "" or the refusal's detail."""
+    from budgets.services import record_extension
+
+    try:
+        with transaction.atomic():  # a refusal must leave the caller's transaction usable
+            record_extension(hold=hold, amount=amount)
+            extend_hold(hold=hold, amount=amount, key=f"attempt:{attempt.pk}:extend:{hold.authorized}")
+    except DomainError as refusal:
+        return str(refusal.detail)
+    return ""
+
+
+@transaction.atomic
+def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
+    """Capture the attempt's progress; extend its hold or stop it for lack of credit. Idempotent."""
+    from scheduling.services.lifecycle import request_stop
+
+    # Lock order: job -> attempt -> hold -> usage -> (budgets -> buckets inside the services).
+    job = Job.objects.select_for_update(of=("self",)).select_related("org").get(pk=attempt.job_id)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
+    if attempt.state not in (AttemptState.RUNNING, AttemptState.STOPPING):
+        return ChargeResult()
+    hold = lock_hold(attempt.hold_id)
+    usage = lock_usage(attempt)
+    if hold.state != HoldState.ACTIVE or usage is None:
+        return ChargeResult()
+    actions: list[Action] = []
+    captured = _capture_progress(attempt, hold, usage)
+    if captured:
+        actions.append(Action.CAPTURED)
+    if attempt.state != AttemptState.RUNNING:
+        return ChargeResult(captured=captured, actions=tuple(actions))
+    hold.refresh_from_db()
+    lookahead = lookahead_cost(attempt)
+    percent = conf.seconds("METERING_EXTEND_WHEN_LEFT_PERCENT")
+    low_water = max(lookahead, -(-hold.authorized * percent // 100))
+    if hold.remaining >= low_water:
+        return ChargeResult(captured=captured, actions=tuple(actions))
+    amount = extension_amount(attempt, job, hold)
+    if amount <= 0:
+        # The hold already covers the whole max wall time; the agent enforces that limit.
+        return ChargeResult(captured=captured, actions=tuple(actions))
+    refusal = _try_extend(attempt, job, hold, amount)
+    if not refusal:
+        actions.append(Action.EXTENDED)
+        return ChargeResult(captured=captured, extended=amount, actions=tuple(actions))
+    if hold.remaining >= lookahead:
+        return ChargeResult(captured=captured, actions=tuple(actions))  # try again next run
+    request_stop(attempt=attempt, reason="out_of_credit",
+                 grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S"))
+    record(
+        action="metering.out_of_credit",
+        subject_type="attempt",
+        subject_id=attempt.pk,
+        org_id=attempt.org_id,
+        actor_type=AuditEvent.ActorType.SYSTEM,
+        amount=hold.remaining,
+        reason_code="out_of_credit",
+        data={"job": job.pk, "hold": hold.pk, "wanted": amount, "refusal": refusal[:200]},
+    )
+    actions.append(Action.STOPPED)
+    return ChargeResult(captured=captured, actions=tuple(actions))

@@ -1,0 +1,36 @@
+"""Metering knobs, read from Django settings with safe defaults (override with METERING_* settings)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+_DEFAULTS: dict[str, float] = {
+    # What the server tells agents (register response); the liveness timeouts are multiples of it.
+    "METERING_HEARTBEAT_INTERVAL_S": 30,
+    # Node silent this long -> unknown; this long -> down (its attempts are settled as lost).
+    "METERING_NODE_UNKNOWN_AFTER_S": 90,
+    "METERING_NODE_DOWN_AFTER_S": 300,
+    # Billable cap: elapsed (DB clock) x GPUs x (1 + ratio) + slack per GPU.
+    "METERING_CAP_TOLERANCE_RATIO": 0.01,
+    "METERING_CAP_SLACK_MS_PER_GPU": 5_000,
+    # How often charge_progress runs; also the look-ahead when deciding to extend a hold.
+    "METERING_CHARGE_INTERVAL_S": 60,
+    # Extend a hold when what is left is below this percentage of it (or below one look-ahead window).
+    "METERING_EXTEND_WHEN_LEFT_PERCENT": 10,
+    # Default extension window when the org has no hold_window_seconds policy.
+    "METERING_EXTENSION_WINDOW_S": 3_600,
+    # An active hold nobody runs on (no live attempt, no waiting job) is released after this.
+    "METERING_STRANDED_HOLD_AFTER_S": 600,
+    # Grace given to an out-of-credit stop (SIGTERM -> SIGKILL).
+    "METERING_OUT_OF_CREDIT_GRACE_S": 30,
+    # The largest heartbeat batch one request may carry.
+    "METERING_MAX_BATCH": 1_024,
+}
+
+
+def value(name: str) -> float:
+    return float(getattr(settings, name, _DEFAULTS[name]))
+
+
+def seconds(name: str) -> int:
+    return int(value(name))

@@ -1,0 +1,204 @@
+"""Heartbeat ingestion: the hot path (DESIGN.md §8, §9).
+
+One request per node carries every running attempt on it. The whole batch is applied by ONE
+statement: an `UPDATE … FROM (VALUES …)` over the attempts' usage rows, joined to the attempt (state,
+start time on the DB clock, GPU count) and to its live allocation on *this* node, with the node's
+liveness stamp folded in as a data-modifying CTE. No bucket, budget or hold row is touched: the hold
+already covers the money; `charge_progress` turns usage into captures off the hot path.
+
+Idempotent by (attempt, seq) and order-free: the stored values only ever move forward
+(`GREATEST`), so a duplicate, a replay or a late, reordered heartbeat changes nothing. Billable
+usage is `min(max reported, elapsed since started_at x gpu_count x (1 + tolerance) + slack)`,
+elapsed measured by the database clock: the agent's clock is never trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from django.db import connection
+
+from metering import conf
+from metering.models import AttemptUsage
+from scheduling.models import Allocation, AttemptState, JobAttempt, Node, NodeState
+
+USAGE = AttemptUsage._meta.db_table
+ATTEMPT = JobAttempt._meta.db_table
+ALLOC = Allocation._meta.db_table
+NODE = Node._meta.db_table
+# Postgres' bigint ceiling: a value beyond it is a broken agent, not usage.
+MAX_BIGINT = 2**63 - 1
+STOP_REASONS = frozenset({"preempted", "cancelled", "out_of_credit", "timed_out"})
+
+
+@dataclass(frozen=True)
+class HeartbeatItem:
+    """One attempt's line in a heartbeat (agent values; only `cumulative_gpu_ms` can become money)."""
+
+    attempt_id: int
+    seq: int
+    cumulative_gpu_ms: int
+    gpu_utilization: float | None = None
+    memory_used_mb: int | None = None
+
+
+@dataclass
+class IngestResult:
+    """What one heartbeat did: accepted attempt ids, rejected ones, and stops to send back."""
+
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    stop: list[dict[str, object]] = field(default_factory=list)
+
+
+def merge(items: Iterable[HeartbeatItem]) -> list[HeartbeatItem]:
+    """Collapse repeats of one attempt in a batch (an UPDATE … FROM joins a row at most once).
+
+    Keeps the highest seq's telemetry and the highest cumulative value: exactly what applying the
+    items one by one would leave behind.
+    """
+    best: dict[int, HeartbeatItem] = {}
+    for item in items:
+        seen = best.get(item.attempt_id)
+        if seen is None:
+            best[item.attempt_id] = item
+            continue
+        newest = item if item.seq > seen.seq else seen
+        best[item.attempt_id] = HeartbeatItem(
+            attempt_id=item.attempt_id,
+            seq=max(item.seq, seen.seq),
+            cumulative_gpu_ms=max(item.cumulative_gpu_ms, seen.cumulative_gpu_ms),
+            gpu_utilization=newest.gpu_utilization,
+            memory_used_mb=newest.memory_used_mb,
+        )
+    return [best[k] for k in sorted(best)]
+
+
+def _cap_sql() -> tuple[str, list[object]]:
+    # Elapsed on the DB clock x GPUs x (1 + ratio), plus a per-GPU slack for the start handshake.
+    sql = (
+        "(GREATEST(0, FLOOR(EXTRACT(EPOCH FROM (now() - a.started_at)) * 1000.0 * a.gpu_count"
+        " * (1.0 + %s::double precision)))::bigint + %s::bigint * a.gpu_count)"
+    )
+    return sql, [conf.value("METERING_CAP_TOLERANCE_RATIO"), conf.seconds("METERING_CAP_SLACK_MS_PER_GPU")]
+
+
+def apply_usage(*, node_id: int, items: Sequence[HeartbeatItem], touch_node: bool = True) -> list[int]:
+    """Apply a batch in one statement; returns the attempt ids it updated (the accepted ones)."""
+    merged = merge(items)
+    if not merged and not touch_node:
+        return []
+    row = "(%s::bigint, %s::bigint, %s::bigint, %s::double precision, %s::bigint)"
+    values_sql = ", ".join([row] * len(merged))
+    params: list[object] = []
+    for it in merged:
+        params += [it.attempt_id, it.seq, it.cumulative_gpu_ms, it.gpu_utilization, it.memory_used_mb]
+    touch = ""
+    if touch_node:
+        # Liveness on the DB clock; a silent-then-back node (unknown/down) is ready again.
+        touch = (  # constants only, no values
+            f", touched AS (UPDATE {NODE} SET last_heartbeat_at = now(), state = CASE WHEN state IN"  # noqa: S608
+            f" ('{NodeState.UNKNOWN}', '{NodeState.DOWN}') THEN '{NodeState.READY}' ELSE state END"
+            " WHERE id = %s RETURNING id)"
+        )
+    if not merged:
+        with connection.cursor() as cursor:
+            cursor.execute(f"WITH noop AS (SELECT 1){touch} SELECT 1", [node_id])
+        return []
+    cap, cap_params = _cap_sql()
+    # Only table names and enum constants are interpolated; every value is a bound parameter.
+    sql = f"""
+        WITH v (attempt_id, seq, gpu_ms, util, mem) AS (VALUES {values_sql}),
+        ok AS (
+            SELECT v.attempt_id, v.seq, v.gpu_ms, v.util, v.mem, {cap} AS cap
+            FROM v JOIN {ATTEMPT} a ON a.id = v.attempt_id
+            WHERE a.state IN ('{AttemptState.RUNNING}', '{AttemptState.STOPPING}')
+              AND a.started_at IS NOT NULL
+              AND EXISTS (SELECT 1 FROM {ALLOC} al WHERE al.attempt_id = a.id
+                          AND al.node_id = %s AND al.released_at IS NULL)
+        ){touch}
+        UPDATE {USAGE} u SET
+            reported_gpu_ms = GREATEST(u.reported_gpu_ms, ok.gpu_ms),
+            billable_gpu_ms = GREATEST(u.billable_gpu_ms,
+                                       LEAST(GREATEST(u.reported_gpu_ms, ok.gpu_ms), ok.cap)),
+            last_seq = GREATEST(u.last_seq, ok.seq),
+            gpu_utilization = CASE WHEN ok.seq > u.last_seq THEN ok.util ELSE u.gpu_utilization END,
+            memory_used_mb = CASE WHEN ok.seq > u.last_seq THEN ok.mem ELSE u.memory_used_mb END,
+            last_heartbeat_at = now()
+        -- settled_at is re-checked on the row itself after a lock wait (EvalPlanQual), so a
+        -- heartbeat racing a settlement can never move usage that has already been billed.
+        FROM ok WHERE u.attempt_id = ok.attempt_id AND u.settled_at IS NULL
+        RETURNING u.attempt_id
+    """  # noqa: S608
+    all_params = params + cap_params + [node_id] + ([node_id] if touch_node else [])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, all_params)
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def ensure_usage_rows(*, node_id: int, attempt_ids: Iterable[int]) -> list[int]:
+    """Create missing usage rows for live, started attempts on this node; returns the ids created."""
+    ids = list(attempt_ids)
+    if not ids:
+        return []
+    live = list(
+        JobAttempt.objects.filter(
+            pk__in=ids,
+            state__in=(AttemptState.RUNNING, AttemptState.STOPPING),
+            started_at__isnull=False,
+            allocations__node_id=node_id,
+            allocations__released_at__isnull=True,
+            usage__isnull=True,
+        )
+        .values_list("pk", "org_id")
+        .distinct()
+    )
+    AttemptUsage.objects.bulk_create(
+        [AttemptUsage(attempt_id=pk, org_id=org_id) for pk, org_id in live], ignore_conflicts=True
+    )
+    return [pk for pk, _ in live]
+
+
+def stops_for_node(*, node_id: int, ended_ids: Iterable[int] = ()) -> list[dict[str, object]]:
+    """Stop requests for this node: attempts asked to stop, plus reported attempts the server has
+    already ended (e.g. settled as lost while the node was silent) - they must not keep the GPUs."""
+    rows = list(
+        JobAttempt.objects.filter(
+            state=AttemptState.STOPPING,
+            allocations__node_id=node_id,
+            allocations__released_at__isnull=True,
+        )
+        .values_list("pk", "stop_reason", "grace_seconds")
+        .distinct()
+    )
+    stops: list[dict[str, object]] = [
+        {"attempt_id": pk, "reason": reason or "cancelled", "grace_seconds": grace}
+        for pk, reason, grace in rows
+    ]
+    wanted = list(ended_ids)
+    if wanted:
+        ended = (
+            JobAttempt.objects.filter(pk__in=wanted, state=AttemptState.ENDED, allocations__node_id=node_id)
+            .values_list("pk", "outcome")
+            .distinct()
+        )
+        for pk, outcome in ended:
+            reason = outcome if outcome in STOP_REASONS else "cancelled"
+            stops.append({"attempt_id": pk, "reason": reason, "grace_seconds": 0})
+    return sorted(stops, key=lambda s: int(str(s["attempt_id"])))
+
+
+def ingest_heartbeats(*, node: Node, items: Sequence[HeartbeatItem]) -> IngestResult:
+    """Apply one node's heartbeat batch (autocommit: the single UPDATE is its own transaction)."""
+    merged = merge(items)
+    accepted = apply_usage(node_id=node.pk, items=merged)
+    missing = sorted({it.attempt_id for it in merged} - set(accepted))
+    if missing and ensure_usage_rows(node_id=node.pk, attempt_ids=missing):
+        # Rare: an attempt whose usage row was not created at start; retry just those items.
+        retry = [it for it in merged if it.attempt_id in set(missing)]
+        accepted = sorted(set(accepted) | set(apply_usage(node_id=node.pk, items=retry, touch_node=False)))
+        missing = sorted({it.attempt_id for it in merged} - set(accepted))
+    return IngestResult(
+        accepted=accepted, rejected=missing, stop=stops_for_node(node_id=node.pk, ended_ids=missing)
+    )

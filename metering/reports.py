@@ -1,0 +1,136 @@
+"""What an agent tells the server besides heartbeats: assignments it pulls, starts and exits.
+
+Every function takes the authenticated node and refuses to act on an attempt that was never
+allocated on it (a token grants power over its own node's attempts only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from config.errors import DomainError
+from metering.heartbeats import HeartbeatItem, apply_usage, ensure_usage_rows, stops_for_node
+from scheduling.models import Allocation, AttemptState, Job, JobAttempt, Node
+
+# Outcomes an agent may report (docs/agent-protocol.md §5).
+AGENT_OUTCOMES = frozenset(
+    {"completed", "failed", "launch_failed", "preempted", "cancelled", "out_of_credit", "timed_out", "lost"}
+)
+
+
+class AttemptNotOnNode(DomainError):
+    """The attempt does not exist or never ran on the calling node."""
+
+    type = "attempt-not-on-node"
+    status = 404
+    title = "No such attempt on this node"
+
+
+class AttemptAlreadyEnded(DomainError):
+    """A start report for an attempt the server has already ended."""
+
+    type = "attempt-ended"
+    status = 409
+    title = "Attempt already ended"
+
+
+class InvalidReport(DomainError):
+    """A malformed agent report."""
+
+    type = "invalid-agent-report"
+    status = 400
+    title = "Invalid report"
+
+
+def _attempt_on_node(node: Node, attempt_id: int) -> JobAttempt:
+    attempt = JobAttempt.objects.filter(pk=attempt_id).first()
+    if attempt is None or not Allocation.objects.filter(attempt_id=attempt_id, node_id=node.pk).exists():
+        raise AttemptNotOnNode(f"Attempt {attempt_id} is not allocated on this node.", attempt_id=attempt_id)
+    return attempt
+
+
+def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
+    """Attempts to start here (scheduled, with their GPUs) and attempts to stop here."""
+    rows = (
+        Allocation.objects.filter(
+            node_id=node.pk, released_at__isnull=True, attempt__state=AttemptState.SCHEDULED
+        )
+        .values_list("attempt_id", "gpu_index", "attempt__job_id", "attempt__job__command",
+                     "attempt__job__max_wall_seconds", "attempt__number")
+        .order_by("attempt_id", "gpu_index")
+    )
+    starts: dict[int, dict[str, Any]] = {}
+    for attempt_id, gpu_index, job_id, command, max_wall, number in rows:
+        item = starts.setdefault(attempt_id, {
+            "attempt_id": attempt_id,
+            "job_id": job_id,
+            "command": command,
+            "gpu_indices": [],
+            "max_wall_seconds": max_wall,
+            "env": {"GPUBANK_ATTEMPT_NUMBER": str(number)},
+        })
+        item["gpu_indices"].append(gpu_index)
+    return {"start": list(starts.values()), "stop": stops_for_node(node_id=node.pk)}
+
+
+def report_started(*, node: Node, attempt_id: int) -> JobAttempt:
+    """The agent spawned the attempt: running from now (DB clock), with a usage row to meter into."""
+    from scheduling.services.lifecycle import mark_attempt_started
+
+    attempt = _attempt_on_node(node, attempt_id)
+    if attempt.state == AttemptState.ENDED:
+        raise AttemptAlreadyEnded(f"Attempt {attempt_id} has ended.", attempt_id=attempt_id)
+    with transaction.atomic():
+        attempt = mark_attempt_started(attempt=attempt)
+        ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt.pk])
+    return attempt
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """The body of POST /attempts/<id>/exit."""
+
+    seq: int
+    cumulative_gpu_ms: int
+    outcome: str
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True)
+class ExitResult:
+    """What the server did with an exit report."""
+
+    attempt_id: int
+    job_state: str
+    outcome: str
+    duplicate: bool
+
+
+def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResult:
+    """Apply the final usage and end the attempt (settlement + requeue or terminal, in lifecycle).
+
+    Idempotent by attempt: a repeat, or a late report for an attempt reconciliation already settled
+    (lost node), changes nothing and is answered like the first one.
+    """
+    from scheduling.services.lifecycle import finish_attempt
+
+    if report.outcome not in AGENT_OUTCOMES:
+        raise InvalidReport(f"Unknown outcome {report.outcome!r}.", outcome=report.outcome)
+    attempt = _attempt_on_node(node, attempt_id)
+    with transaction.atomic():
+        # Lock order: job -> attempt (then hold, inside settlement).
+        job = Job.objects.select_for_update(of=("self",)).get(pk=attempt.job_id)
+        attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+        if attempt.state == AttemptState.ENDED:
+            return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=True)
+        if attempt.started_at is not None:
+            ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt_id])
+            item = HeartbeatItem(attempt_id, report.seq, report.cumulative_gpu_ms)
+            apply_usage(node_id=node.pk, items=[item], touch_node=True)
+        job = finish_attempt(attempt=attempt, outcome=report.outcome, exit_code=report.exit_code)
+        attempt.refresh_from_db()
+        return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=False)

@@ -1,0 +1,103 @@
+"""Settlement: the final capture of an attempt's billable usage and the release of the rest.
+
+Exactly once: the hold's state machine (`active -> settled`, conditional UPDATE under the hold's
+row lock) decides; a second call finds the hold settled and returns it unchanged. The capture,
+the release to the exact origin buckets (to `expiry` for an expired bucket), the budget counters,
+the usage row's `settled_at` and the audit event all commit in one transaction.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from audit.models import AuditEvent
+from audit.services import record
+from config.clock import db_now
+from ledger.locks import lock_hold
+from ledger.models import Hold, HoldState
+from ledger.services import settle_hold
+from metering.cost import cost
+from metering.models import AttemptUsage
+from scheduling.models import JobAttempt
+
+
+def lock_usage(attempt: JobAttempt) -> AttemptUsage | None:
+    """Lock the attempt's usage row (after the hold, per the lock order) and re-read it."""
+    return AttemptUsage.objects.select_for_update().filter(attempt_id=attempt.pk).first()
+
+
+def captured_gpu_ms_for(*, billable: int, captured: int, rate: int) -> int:
+    """How much of `billable` the money `captured` pays for (never more than billable)."""
+    if cost(billable, rate) <= captured:
+        return billable
+    # The largest usage whose cost fits in `captured`: ceil rounding means cost(ms) <= captured.
+    return min(billable, captured * 3_600_000 // rate) if rate else billable
+
+
+def _budgets_for_settlement(hold: Hold, capture_total: int) -> tuple[int, int]:
+    """Tell budgets what settle_hold is about to do (after the hold lock, before bucket locks)."""
+    from budgets.services import record_capture, record_release
+
+    to_capture = max(0, min(capture_total - hold.captured, hold.remaining))
+    to_release = hold.remaining - to_capture
+    if to_capture:
+        record_capture(hold=hold, amount=to_capture)
+    if to_release:
+        record_release(hold=hold, amount=to_release)
+    return to_capture, to_release
+
+
+@transaction.atomic
+def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
+    """Capture cost(billable usage) at the attempt's fixed rate and release the rest of its hold.
+
+    Called by `lifecycle.finish_attempt` (inside its transaction, after the attempt is ended) and by
+    the stranded-hold sweep. Billable usage is whatever the heartbeats (and the exit report, applied
+    just before) left on the usage row: for a lost node that is the last known usage.
+    """
+    hold = lock_hold(attempt.hold_id)
+    if hold.state != HoldState.ACTIVE:
+        return hold  # settled before: exactly once
+    usage = lock_usage(attempt)
+    billable = usage.billable_gpu_ms if usage is not None else 0
+    rate = attempt.rate_per_gpu_hour
+    due = cost(billable, rate)
+    # Never beyond the hold (no overspend); what the hold cannot cover is recorded, not charged.
+    capture_total = min(due, hold.captured + hold.remaining)
+    before_captured, authorized = hold.captured, hold.authorized
+    to_capture, to_release = _budgets_for_settlement(hold, capture_total)
+    hold = settle_hold(
+        hold=hold, capture_total=capture_total, reason=f"attempt {attempt.pk} {outcome}"
+    )
+    now = db_now()
+    if usage is not None:
+        AttemptUsage.objects.filter(pk=usage.pk).update(
+            settled_at=now,
+            captured_gpu_ms=captured_gpu_ms_for(billable=billable, captured=capture_total, rate=rate),
+        )
+    else:
+        AttemptUsage.objects.bulk_create(
+            [AttemptUsage(attempt_id=attempt.pk, org_id=attempt.org_id, settled_at=now)],
+            ignore_conflicts=True,
+        )
+    record(
+        action="metering.attempt_settled",
+        subject_type="attempt",
+        subject_id=attempt.pk,
+        org_id=attempt.org_id,
+        actor_type=AuditEvent.ActorType.SYSTEM,
+        amount=capture_total,
+        reason_code=outcome,
+        data={
+            "job": attempt.job_id,
+            "hold": hold.pk,
+            "billable_gpu_ms": billable,
+            "rate_per_gpu_hour": rate,
+            "authorized": authorized,
+            "captured_before": before_captured,
+            "captured_now": to_capture,
+            "released": to_release,
+            "unfunded": due - capture_total,
+        },
+    )
+    return hold

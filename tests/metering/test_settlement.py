@@ -1,0 +1,43 @@
+"""settle_attempt: final capture at the fixed rate, exact release, exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ledger.models import MICRO, Bucket, HoldState
+from metering.heartbeats import HeartbeatItem
+from metering.models import AttemptUsage
+from metering.services import ingest_heartbeats, settle_attempt
+from scheduling.models import JobAttempt
+from tests.metering.conftest import World
+
+
+def test_settle_captures_usage_cost_and_releases_rest_once(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    bucket = funded(100 * MICRO)
+    a = make_attempt(hold_amount=10 * MICRO)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 6_000_000)])
+    hold = settle_attempt(attempt=a, outcome="completed")
+    assert (hold.state, hold.captured, hold.released) == (HoldState.SETTLED, 6 * MICRO, 4 * MICRO)
+    again = settle_attempt(attempt=a, outcome="completed")
+    assert (again.captured, again.released) == (6 * MICRO, 4 * MICRO)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.spent) == (94 * MICRO, 0, 6 * MICRO)
+    u = AttemptUsage.objects.get(pk=a.pk)
+    assert u.settled_at is not None and u.captured_gpu_ms == 6_000_000
+    # Usage is frozen once settled: a late heartbeat moves nothing.
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 9, 9_000_000)])
+    assert AttemptUsage.objects.get(pk=a.pk).billable_gpu_ms == 6_000_000
+    assert Bucket.objects.get(pk=bucket.pk).spent == 6 * MICRO
+
+
+def test_usage_beyond_the_hold_is_never_captured(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=1 * MICRO)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
+    hold = settle_attempt(attempt=a, outcome="completed")
+    assert (hold.captured, hold.released) == (1 * MICRO, 0)
