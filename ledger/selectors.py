@@ -1,0 +1,107 @@
+"""Reads of the ledger: balance breakdowns (now or as of a past time) and an org's journal."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q, QuerySet
+
+from accounts.models import Organization, Project
+from ledger.clock import ledger_now
+from ledger.journal import COLUMNS, bucket_columns_from_postings
+from ledger.models import Bucket, BucketKind, LedgerTransaction
+from ledger.services._journal import spend_order_key
+
+EXPIRY_HORIZONS = {"7d": timedelta(days=7), "30d": timedelta(days=30)}
+
+
+def _status(bucket: Bucket, at: datetime) -> str:
+    if bucket.effective_at > at:
+        return "not_yet_effective"
+    if bucket.expires_at is not None and bucket.expires_at <= at:
+        return "expired"
+    return "active"
+
+
+def balance_breakdown(
+    *, org: Organization, project: Project | None = None, as_of: datetime | None = None
+) -> dict[str, Any]:
+    """Available/held/spent/expired/voided, paid vs promotional, upcoming expiries, per bucket.
+
+    With a project: the buckets that project can spend (its own and the org-wide ones). Without
+    `as_of` the bucket columns are read; with it, every figure is recomputed from the postings
+    up to that instant. `spendable` is what a hold could draw on at that time (active buckets).
+    """
+    at = as_of or ledger_now()
+    buckets_qs = Bucket.objects.filter(org=org)
+    if project is not None:
+        buckets_qs = buckets_qs.filter(Q(project__isnull=True) | Q(project=project))
+    buckets = sorted(buckets_qs, key=spend_order_key)
+    if as_of is not None:
+        rebuilt = bucket_columns_from_postings(org_id=org.pk, bucket_ids=[b.pk for b in buckets], as_of=as_of)
+        buckets = [b for b in buckets if b.pk in rebuilt]
+        columns = {b.pk: rebuilt[b.pk] for b in buckets}
+    else:
+        columns = {b.pk: {c: getattr(b, c) for c in COLUMNS} for b in buckets}
+
+    names = (*COLUMNS, "spendable")
+    totals: dict[str, int] = dict.fromkeys(names, 0)
+    by_kind: dict[str, dict[str, int]] = {k: dict.fromkeys(names, 0) for k in BucketKind.values}
+    expiring: dict[str, int] = dict.fromkeys(EXPIRY_HORIZONS, 0)
+    rows = []
+    for bucket in buckets:
+        cols = columns[bucket.pk]
+        status = _status(bucket, at)
+        spendable = cols["available"] if status == "active" else 0
+        for target in (totals, by_kind[bucket.kind]):
+            for name in COLUMNS:
+                target[name] += cols[name]
+            target["spendable"] += spendable
+        for label, horizon in EXPIRY_HORIZONS.items():
+            if status == "active" and bucket.expires_at is not None and bucket.expires_at <= at + horizon:
+                expiring[label] += cols["available"] + cols["held"]
+        rows.append(
+            {
+                "id": bucket.pk,
+                "kind": bucket.kind,
+                "source": bucket.source,
+                "project": bucket.project_id,
+                "gpu_types": list(bucket.gpu_types),
+                "effective_at": bucket.effective_at,
+                "expires_at": bucket.expires_at,
+                "reference": bucket.reference,
+                "status": status,
+                "spendable": spendable,
+                **cols,
+            }
+        )
+    return {
+        "org": org.pk,
+        "project": project.pk if project is not None else None,
+        "as_of": at,
+        "totals": totals,
+        "paid": by_kind[BucketKind.PAID],
+        "promotional": by_kind[BucketKind.PROMOTIONAL],
+        "expiring": expiring,
+        "buckets": rows,
+    }
+
+
+def org_transactions(
+    *,
+    org: Organization,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    kind: str | None = None,
+) -> QuerySet[LedgerTransaction]:
+    """The org's journal, newest first, postings prefetched; `until` is exclusive."""
+    qs = LedgerTransaction.objects.filter(org=org)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    if until is not None:
+        qs = qs.filter(created_at__lt=until)
+    if kind is not None:
+        qs = qs.filter(kind=kind)
+    return qs.prefetch_related("postings").order_by("-created_at", "-id")
+
