@@ -4,6 +4,8 @@ import os
 
 from celery import Celery
 
+from config.env import env
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("gpubank")
@@ -11,4 +13,21 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 # Every periodic job, in one place. Each task is idempotent and safe to run twice at once.
-app.conf.beat_schedule = {}
+app.conf.beat_schedule = {
+    # Scheduler: one pass per tick under a leader lock (a duplicate beat returns at once).
+    "scheduling-tick": {
+        "task": "scheduling.tasks.scheduler_tick",
+        "schedule": env.float("SCHEDULER_TICK_SECONDS", default=5.0),
+        "options": {"expires": env.float("SCHEDULER_TICK_SECONDS", default=5.0)},
+    },
+    "scheduling-sweep-nodes": {
+        "task": "scheduling.tasks.sweep_nodes",
+        "schedule": 15.0,
+        "options": {"expires": 15},
+    },
+    "scheduling-fund-waiting-jobs": {
+        "task": "scheduling.tasks.fund_waiting_jobs",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+}

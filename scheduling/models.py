@@ -258,7 +258,12 @@ class SchedulerPass(models.Model):
     pending = models.PositiveIntegerField(default=0)
     placed = models.PositiveIntegerField(default=0)
     preempted = models.PositiveIntegerField(default=0)
+    backfilled = models.PositiveIntegerField(default=0)
+    waiting_changed = models.PositiveIntegerField(default=0)  # jobs whose wait reason changed
+    conflicts = models.PositiveIntegerField(default=0)  # placements dropped: GPUs taken meanwhile
+    load_ms = models.PositiveIntegerField(default=0)
     core_ms = models.PositiveIntegerField(default=0)
+    write_ms = models.PositiveIntegerField(default=0)
     total_ms = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from audit.models import AuditEvent
 from audit.services import record
@@ -251,7 +252,6 @@ def cancel_job(*, job: Job, actor: Any = None) -> Job:
 def _release_whole_hold(*, hold_id: int, key: str, actor: Any) -> None:
     """Release everything left on a hold: budgets first (after locking the hold), then buckets."""
     from budgets.services import record_release
-
     from ledger.locks import lock_hold
     from ledger.models import HoldState
     from ledger.services import release_hold
@@ -296,8 +296,10 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
     Allocation.objects.filter(attempt=attempt, released_at__isnull=True).update(released_at=now)
 
     from metering.services import settle_attempt  # metering owns the final capture
+    from scheduling.tasks import schedule_soon
 
     settle_attempt(attempt=attempt, outcome=final)
+    schedule_soon(trigger="finish")  # freed GPUs: place the next job without waiting for beat
     data = {"attempt": attempt.number, "outcome": final, "exit_code": exit_code}
     if final in PERMANENT_OUTCOMES:
         return transition(job, PERMANENT_OUTCOMES[final], reason_code=final,
@@ -319,8 +321,9 @@ def requeue(
 ) -> Job:
     """Queue the job again with a fresh hold. If the hold cannot be funded, the job still waits
     (reason `budget`, no hold) and `fund_waiting_jobs` tries again later."""
+    wait = ("backoff", f"retry not before {not_before:%Y-%m-%d %H:%M:%S}") if not_before else ("", "")
     transition(job, S.QUEUED, reason_code=reason_code, data=data, not_before=not_before,
-               current_hold=None, wait_reason="", wait_detail="")
+               current_hold=None, wait_reason=wait[0], wait_detail=wait[1])
     fund_job(job=job)
     return job
 
@@ -334,11 +337,32 @@ def fund_job(*, job: Job) -> bool:
         with transaction.atomic():  # savepoint: a refusal must not poison the caller's transaction
             hold = reserve_job_hold(job=job, key=key)
     except DomainError as error:
+        # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
+        retry_at = db_now() + timedelta(seconds=_setting("SCHEDULER_FUNDING_RETRY_SECONDS", 60))
+        detail = str(error.detail)[:255]
         Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
-            wait_reason="budget", wait_detail=str(error.detail)[:255]
+            wait_reason="budget", wait_detail=detail, not_before=retry_at
         )
-        job.wait_reason, job.wait_detail = "budget", str(error.detail)[:255]
+        job.wait_reason, job.wait_detail, job.not_before = "budget", detail, retry_at
         return False
     Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)
     job.current_hold, job.estimate = hold, hold.authorized
     return True
+
+
+def fund_waiting_jobs(*, limit: int = 100) -> int:
+    """Give queued jobs without a hold (refused at requeue) another try; returns how many got one."""
+    now = db_now()
+    ids = list(
+        Job.objects.filter(state=S.QUEUED, current_hold__isnull=True)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .order_by("submitted_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    funded = 0
+    for job_id in ids:
+        with transaction.atomic():
+            job = _lock_job(job_id)
+            if job.state == S.QUEUED and job.current_hold_id is None:
+                funded += fund_job(job=job)
+    return funded

@@ -32,8 +32,27 @@ H100_PRICE = 3_000_000
 A100_PRICE = 1_800_000
 
 
+CLASSES = {  # as migration 0002 seeds them (transactional tests flush migration data)
+    "production": (500, False, True),
+    "premium": (400, True, True),
+    "standard": (300, True, True),
+    "batch": (200, True, False),
+    "interactive": (100, True, False),
+}
+
+
+def priority(name: str) -> PriorityClass:
+    rank, preemptible, can_preempt = CLASSES[name]
+    klass, _ = PriorityClass.objects.get_or_create(
+        name=name, defaults={"rank": rank, "preemptible": preemptible, "can_preempt": can_preempt}
+    )
+    return klass
+
+
 @pytest.fixture
 def fleet(db: Any) -> dict[str, Any]:
+    for name in CLASSES:
+        priority(name)
     region = Region.objects.create(code="eu", name="Europe")
     h100 = GpuType.objects.create(name="H100", memory_gb=80)
     a100 = GpuType.objects.create(name="A100", memory_gb=80)
@@ -74,7 +93,7 @@ def make_job(tenant: dict[str, Any], make_hold: Callable[..., Hold]) -> Callable
             "org": tenant["org"], "project": tenant["project"], "user": tenant["user"],
             "name": "train", "gpu_types": ["H100", "A100"], "gpu_count": 2,
             "max_wall_seconds": 3600, "submitted_at": timezone.now(),
-            "priority_class": PriorityClass.objects.get(name="standard"),
+            "priority_class": priority("standard"),
             "command": "python train.py",
         }
         fields.update(kw)

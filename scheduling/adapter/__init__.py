@@ -1,0 +1,1 @@
+"""The DB side of the scheduler: load a core Snapshot, write the core's decisions in one transaction."""

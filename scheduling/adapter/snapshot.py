@@ -1,0 +1,274 @@
+"""Load a core `Snapshot` from the database: one query per table, no per-job queries.
+
+Times become float seconds since the epoch (the core's clock); `now` is the database clock.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import DateTimeField, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, TruncHour
+
+from accounts.models import Membership, Organization, Project
+from ledger.models import HoldState
+from scheduling import core
+from scheduling.models import (
+    Allocation,
+    AttemptState,
+    GpuPrice,
+    GpuType,
+    Job,
+    JobAttempt,
+    JobState,
+    Node,
+    PriorityClass,
+    Quota,
+)
+
+LIVE = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
+# Usage older than this many half-lives weighs < 1/32 and is left out of the aggregate.
+USAGE_WINDOW_HALF_LIVES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """What the writer needs of a pending job besides what the core saw."""
+
+    org_id: int
+    project_id: int
+    user_id: int
+    hold_id: int | None
+    attempt_count: int
+    gpu_count: int
+    max_wall_seconds: int
+    hold_window_seconds: int | None
+    wait_reason: str
+    wait_detail: str
+    gpu_types: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A snapshot plus the ids and prices the writer needs to apply its decisions."""
+
+    snapshot: core.Snapshot
+    now: datetime
+    type_ids: dict[str, int]
+    pending: dict[int, PendingRow]
+    attempt_orgs: dict[int, int] = field(default_factory=dict)  # live attempt id -> org id
+
+
+def epoch(value: datetime) -> float:
+    return value.timestamp()
+
+
+def scheduler_config(classes: tuple[core.PriorityClass, ...]) -> core.Config:
+    return core.Config(
+        priority_classes=classes,
+        fairshare_half_life_seconds=float(
+            getattr(settings, "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS", 7 * 24 * 3600)
+        ),
+        grace_seconds=float(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", 120)),
+        min_runtime_before_preemption_seconds=float(
+            getattr(settings, "SCHEDULER_MIN_RUNTIME_SECONDS", 600)
+        ),
+    )
+
+
+def load_gpu_types(now: datetime) -> tuple[dict[str, core.GpuType], dict[str, int]]:
+    """GPU types with a current price (a type nobody has priced yet is not for sale)."""
+    price = (
+        GpuPrice.objects.filter(gpu_type=OuterRef("pk"), effective_from__lte=now)
+        .order_by("-effective_from")
+        .values("price_per_gpu_hour")[:1]
+    )
+    types: dict[str, core.GpuType] = {}
+    ids: dict[str, int] = {}
+    for type_id, name, memory, current in GpuType.objects.annotate(price=Subquery(price)).values_list(
+        "id", "name", "memory_gb", "price"
+    ):
+        if current is not None:
+            types[name] = core.GpuType(name, memory, int(current))
+            ids[name] = type_id
+    return types, ids
+
+
+def load_usage(now: datetime, half_life: float) -> core.Usage:
+    """Decayed GPU-seconds per org, project and (project, user): one aggregate by hour of use."""
+    since = now - timedelta(seconds=half_life * USAGE_WINDOW_HALF_LIVES)
+    when = Coalesce("ended_at", Value(now, output_field=DateTimeField()))
+    rows = (
+        JobAttempt.objects.filter(started_at__isnull=False)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        .annotate(hour=TruncHour(when))
+        .values("org_id", "job__project_id", "job__user_id", "hour")
+        .annotate(gpu_ms=Sum("usage__billable_gpu_ms"))
+        .order_by()
+    )
+    org: dict[int, float] = defaultdict(float)
+    project: dict[int, float] = defaultdict(float)
+    user: dict[tuple[int, int], float] = defaultdict(float)
+    now_s = epoch(now)
+    for row in rows:
+        if not row["gpu_ms"]:
+            continue
+        age = max(0.0, now_s - epoch(row["hour"]) - 1800.0)  # middle of the hour
+        value = row["gpu_ms"] / 1000.0 * 0.5 ** (age / half_life)
+        org[row["org_id"]] += value
+        project[row["job__project_id"]] += value
+        user[(row["job__project_id"], row["job__user_id"])] += value
+    return core.Usage(org=dict(org), project=dict(project), user=dict(user))
+
+
+def load_shares() -> core.Shares:
+    """Only weights different from the default 1 (the core treats a missing entry as 1)."""
+    return core.Shares(
+        org=dict(Organization.objects.exclude(fair_share_weight=1).values_list("id", "fair_share_weight")),
+        project=dict(Project.objects.exclude(fair_share_weight=1).values_list("id", "fair_share_weight")),
+        user={
+            (p, u): float(w)
+            for p, u, w in Membership.objects.exclude(fair_share_weight=1).values_list(
+                "project_id", "user_id", "fair_share_weight"
+            )
+        },
+    )
+
+
+def load_quotas() -> core.Quotas:
+    org: dict[tuple[int, str], int] = {}
+    project: dict[tuple[int, str], int] = {}
+    for org_id, project_id, type_name, max_gpus in Quota.objects.values_list(
+        "org_id", "project_id", "gpu_type__name", "max_gpus"
+    ):
+        if project_id is None:
+            org[(org_id, type_name)] = max_gpus
+        else:
+            project[(project_id, type_name)] = max_gpus
+    return core.Quotas(org=org, project=project)
+
+
+def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.RunningJob, ...], dict[int, int]]:
+    """Nodes with their free GPU indices, and the live attempts holding GPUs."""
+    gpus_of: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    used: dict[int, set[int]] = defaultdict(set)
+    for attempt_id, node_id, index in Allocation.objects.filter(released_at__isnull=True).values_list(
+        "attempt_id", "node_id", "gpu_index"
+    ):
+        gpus_of[attempt_id][node_id].append(index)
+        used[node_id].add(index)
+    nodes = tuple(
+        core.Node(
+            id=node_id,
+            gpu_type=type_name,
+            gpu_count=count,
+            free_gpu_indices=frozenset(range(count)) - used.get(node_id, set()),
+            region=region,
+            nvlink_domain=nvlink,
+            ib_group=ib,
+            state=state,
+        )
+        for node_id, type_name, count, region, nvlink, ib, state in Node.objects.values_list(
+            "id", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group", "state"
+        ).order_by("id")
+    )
+    running: list[core.RunningJob] = []
+    orgs: dict[int, int] = {}
+    for row in JobAttempt.objects.filter(state__in=LIVE).values_list(
+        "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
+        "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
+        "stop_requested_at",
+    ).order_by("id"):
+        (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
+         started, scheduled, wall, stop_at) = row
+        orgs[attempt_id] = org_id
+        running.append(
+            core.RunningJob(
+                id=job_id,
+                attempt_id=attempt_id,
+                org_id=org_id,
+                project_id=project_id,
+                user_id=user_id,
+                priority_class=klass,
+                preemptible=preemptible,
+                gpu_type=type_name,
+                allocations=tuple(
+                    (node_id, tuple(sorted(idx))) for node_id, idx in sorted(gpus_of[attempt_id].items())
+                ),
+                started_at=epoch(started or scheduled),
+                max_wall_seconds=float(wall),
+                preemption_requested_at=epoch(stop_at) if stop_at else None,
+            )
+        )
+    return nodes, tuple(running), orgs
+
+
+def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, PendingRow]]:
+    """Queued jobs whose backoff has passed, oldest first; budget_ok = an active hold backs them."""
+    jobs: list[core.PendingJob] = []
+    rows: dict[int, PendingRow] = {}
+    for row in (
+        Job.objects.filter(state=JobState.QUEUED)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .values_list(
+            "id", "org_id", "project_id", "user_id", "priority_class__name", "gpu_count",
+            "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
+            "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
+            "org__hold_window_seconds",
+        )
+        .order_by("submitted_at", "id")
+    ):
+        (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
+         regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window) = row
+        jobs.append(
+            core.PendingJob(
+                id=job_id,
+                org_id=org_id,
+                project_id=project_id,
+                user_id=user_id,
+                priority_class=klass,
+                gpu_count=gpus,
+                max_wall_seconds=float(wall),
+                submitted_at=epoch(submitted),
+                gpu_types=tuple(types or ()),
+                gpu_memory_gb=memory,
+                preemptible=preemptible,
+                regions=tuple(regions or ()),
+                budget_ok=hold_id is not None and hold_state == HoldState.ACTIVE,
+            )
+        )
+        rows[job_id] = PendingRow(
+            org_id, project_id, user_id, hold_id, attempts, gpus, wall, window, wait_reason, wait_detail,
+            tuple(types or ()),
+        )
+    return tuple(jobs), rows
+
+
+def load_snapshot(*, now: datetime, config: core.Config | None = None) -> Loaded:
+    """Everything one pass needs, read in the caller's transaction."""
+    if config is None:
+        classes = tuple(
+            core.PriorityClass(name, rank, preemptible_by_higher=preemptible, can_preempt=can_preempt)
+            for name, rank, preemptible, can_preempt in PriorityClass.objects.values_list(
+                "name", "rank", "preemptible", "can_preempt"
+            )
+        )
+        config = scheduler_config(classes)
+    gpu_types, type_ids = load_gpu_types(now)
+    nodes, running, attempt_orgs = load_fleet(now)
+    pending, rows = load_pending(now)
+    snapshot = core.Snapshot(
+        now=epoch(now),
+        gpu_types=gpu_types,
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        usage=load_usage(now, config.fairshare_half_life_seconds),
+        shares=load_shares(),
+        quotas=load_quotas(),
+        config=config,
+    )
+    return Loaded(snapshot=snapshot, now=now, type_ids=type_ids, pending=rows, attempt_orgs=attempt_orgs)

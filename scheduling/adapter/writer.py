@@ -1,0 +1,218 @@
+"""Write one pass's decisions in the caller's transaction: bulk inserts, one query per table.
+
+Place -> JobAttempt (rate fixed at the placed type's current price, on the job's current hold),
+Allocation rows (the partial unique index forbids a GPU twice: a job whose GPUs were taken meanwhile
+is skipped this pass), an AttemptUsage row, job queued -> scheduled, and the hold's excess released
+when the placed type is cheaper than the hold assumed. Preempt -> `lifecycle.request_stop` with the
+core's grace. Skip -> the job's wait reason, updated (and audited) only when it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from config.errors import DomainError
+from metering.cost import cost
+from metering.models import AttemptUsage
+from scheduling import core
+from scheduling.adapter.audit_batch import PendingEvent, record_many
+from scheduling.adapter.snapshot import Loaded, PendingRow
+from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
+from scheduling.services.lifecycle import can_transition, request_stop
+
+log = logging.getLogger("scheduling.adapter")
+assert can_transition(JobState.QUEUED, JobState.SCHEDULED)  # the bulk path below relies on it
+
+
+@dataclass(slots=True)
+class Applied:
+    """What the writer did (counts go to the SchedulerPass row)."""
+
+    placed: list[int] = field(default_factory=list)
+    backfilled: int = 0
+    preempted: int = 0
+    reasons_changed: int = 0
+    conflicts: list[int] = field(default_factory=list)
+    excess_released: int = 0
+    events: int = 0
+
+
+def _attempt_for(place: core.Place, row: PendingRow, number: int, loaded: Loaded) -> JobAttempt:
+    return JobAttempt(
+        job_id=place.job_id,
+        number=number,
+        org_id=row.org_id,
+        state=AttemptState.SCHEDULED,
+        gpu_type_id=loaded.type_ids[place.gpu_type],
+        gpu_count=sum(len(idx) for _, idx in place.allocations),
+        rate_per_gpu_hour=place.rate_micro_per_gpu_hour,
+        hold_id=row.hold_id,
+        scheduled_at=loaded.now,
+        backfilled=place.backfilled,
+    )
+
+
+def _allocations_for(attempt: JobAttempt, place: core.Place, loaded: Loaded) -> list[Allocation]:
+    return [
+        Allocation(attempt_id=attempt.pk, node_id=node_id, gpu_index=i, allocated_at=loaded.now)
+        for node_id, indices in place.allocations
+        for i in indices
+    ]
+
+
+def _insert_placements(
+    places: list[core.Place], loaded: Loaded, numbers: dict[int, int]
+) -> tuple[list[tuple[core.Place, JobAttempt]], list[int]]:
+    """Bulk insert attempts + allocations; on a conflict, redo job by job to skip only the losers."""
+    attempts = [_attempt_for(p, loaded.pending[p.job_id], numbers[p.job_id], loaded) for p in places]
+    try:
+        with transaction.atomic():
+            JobAttempt.objects.bulk_create(attempts, batch_size=2000)
+            Allocation.objects.bulk_create(
+                [a for p, at in zip(places, attempts, strict=True) for a in _allocations_for(at, p, loaded)],
+                batch_size=5000,
+            )
+        return list(zip(places, attempts, strict=True)), []
+    except IntegrityError:
+        log.warning("allocation conflict in a bulk placement; retrying job by job")
+    done: list[tuple[core.Place, JobAttempt]] = []
+    conflicts: list[int] = []
+    for place in places:
+        attempt = _attempt_for(place, loaded.pending[place.job_id], numbers[place.job_id], loaded)
+        try:
+            with transaction.atomic():
+                attempt.save(force_insert=True)
+                Allocation.objects.bulk_create(_allocations_for(attempt, place, loaded))
+        except IntegrityError:
+            conflicts.append(place.job_id)
+            continue
+        done.append((place, attempt))
+    return done, conflicts
+
+
+def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_type: str) -> int:
+    """Release what the hold holds beyond the placed type's cost for the hold's window."""
+    from budgets.services import record_release
+    from ledger.locks import lock_hold
+    from ledger.models import HoldState
+    from ledger.services import release_partial
+
+    hold = lock_hold(attempt.hold_id)
+    if hold.state != HoldState.ACTIVE:
+        return 0
+    seconds = row.max_wall_seconds
+    if row.hold_window_seconds:
+        seconds = min(seconds, row.hold_window_seconds)
+    needed = cost(attempt.gpu_count * seconds * 1000, attempt.rate_per_gpu_hour)
+    excess = hold.remaining - needed
+    if excess <= 0:
+        return 0
+    record_release(hold=hold, amount=excess)
+    release_partial(hold=hold, amount=excess, key=f"job:{job_id}:attempt:{attempt.number}:excess")
+    return excess
+
+
+def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[PendingEvent]) -> None:
+    if not places:
+        return
+    # Lock the jobs (one query, id order) and keep only those still queued with a hold.
+    numbers = {
+        job_id: count + 1
+        for job_id, count in Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=[p.job_id for p in places], state=JobState.QUEUED, current_hold__isnull=False)
+        .order_by("pk")
+        .values_list("id", "attempt_count")
+    }
+    applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
+    done, conflicts = _insert_placements([p for p in places if p.job_id in numbers], loaded, numbers)
+    applied.conflicts.extend(conflicts)
+    if not done:
+        return
+    AttemptUsage.objects.bulk_create(
+        [AttemptUsage(attempt_id=a.pk, org_id=a.org_id) for _, a in done], batch_size=5000
+    )
+    ids = [p.job_id for p, _ in done]
+    Job.objects.filter(pk__in=ids, state=JobState.QUEUED).update(
+        state=JobState.SCHEDULED, attempt_count=F("attempt_count") + 1, wait_reason="",
+        wait_detail="", not_before=None, updated_at=loaded.now,
+    )
+    prices = loaded.snapshot.gpu_types
+    for place, attempt in done:
+        row = loaded.pending[place.job_id]
+        applied.placed.append(place.job_id)
+        applied.backfilled += place.backfilled
+        events.append(PendingEvent(
+            action="sched.place", subject_type="job", subject_id=place.job_id, org_id=row.org_id,
+            reason_code=place.reason_code,
+            data={"from": JobState.QUEUED, "to": JobState.SCHEDULED, "attempt": attempt.number,
+                  "attempt_id": attempt.pk, "gpu_type": place.gpu_type,
+                  "gpus": [[n, list(idx)] for n, idx in place.allocations],
+                  "rate": place.rate_micro_per_gpu_hour, "backfilled": place.backfilled},
+        ))
+        # Only a type cheaper than the dearest accepted one can leave an excess on the hold.
+        accepted = row.gpu_types or tuple(prices)
+        dearest = max((prices[t].price_per_gpu_hour_micro for t in accepted if t in prices), default=0)
+        if place.rate_micro_per_gpu_hour < dearest:
+            try:
+                with transaction.atomic():
+                    applied.excess_released += release_excess(
+                        job_id=place.job_id, attempt=attempt, row=row, gpu_type=place.gpu_type
+                    )
+            except DomainError:
+                log.exception("could not release the excess hold of job %s", place.job_id)
+
+
+def _preempt(loaded: Loaded, preempts: list[core.Preempt], applied: Applied,
+             events: list[PendingEvent]) -> None:
+    for decision in preempts:
+        attempt = JobAttempt.objects.filter(pk=decision.attempt_id).first()
+        if attempt is None:
+            continue
+        stopped = request_stop(attempt=attempt, reason="preempted", grace_seconds=decision.grace_seconds)
+        if stopped.stop_reason != "preempted":
+            continue  # ended meanwhile, or a cancellation got there first
+        applied.preempted += 1
+        events.append(PendingEvent(
+            action="sched.preempt", subject_type="job", subject_id=decision.job_id,
+            org_id=loaded.attempt_orgs.get(decision.attempt_id), reason_code=decision.reason_code,
+            data={"attempt_id": decision.attempt_id, "for_job": decision.for_job_id,
+                  "grace_seconds": stopped.grace_seconds},
+        ))
+
+
+def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list[PendingEvent]) -> None:
+    changed: list[Job] = []
+    for skip in skips:
+        row = loaded.pending.get(skip.job_id)
+        if row is None:
+            continue
+        detail = skip.detail[:255]
+        if (row.wait_reason, row.wait_detail) == (skip.reason_code, detail):
+            continue
+        changed.append(Job(pk=skip.job_id, wait_reason=skip.reason_code, wait_detail=detail))
+        if row.wait_reason != skip.reason_code:
+            events.append(PendingEvent(
+                action="sched.skip", subject_type="job", subject_id=skip.job_id, org_id=row.org_id,
+                reason_code=skip.reason_code, data={"detail": detail, "previous": row.wait_reason},
+            ))
+    if changed:
+        # Only jobs still queued: one cancelled meanwhile keeps its cleared reason.
+        Job.objects.filter(state=JobState.QUEUED).bulk_update(
+            changed, ["wait_reason", "wait_detail"], batch_size=1000
+        )
+    applied.reasons_changed = len(changed)
+
+
+def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
+    """Apply `result` inside the caller's transaction (which holds the leader lock)."""
+    applied = Applied()
+    events: list[PendingEvent] = []
+    _place(loaded, result.placements, applied, events)
+    _preempt(loaded, result.preemptions, applied, events)
+    _skip(loaded, result.skips, applied, events)
+    applied.events = record_many(events)
+    return applied

@@ -1,0 +1,132 @@
+"""One scheduling pass (load -> core -> write, one transaction, under the leader lock) and the
+node-health sweep that turns silent nodes unknown, then down, and ends their attempts as `lost`."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from time import perf_counter
+
+from django.db import transaction
+
+from audit.services import record
+from config.clock import db_now
+from ledger.retry import retry_on_conflict
+from scheduling import core
+from scheduling.adapter.snapshot import load_snapshot
+from scheduling.adapter.writer import apply_result
+from scheduling.models import AttemptState, JobAttempt, Node, NodeState, SchedulerPass
+from scheduling.services.leader import try_lead
+from scheduling.services.lifecycle import finish_attempt
+
+log = logging.getLogger("scheduling.tick")
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+@retry_on_conflict()
+def run_scheduling_pass(*, trigger: str = "beat") -> SchedulerPass | None:
+    """Run one pass; None when another process is the leader right now (nothing was done)."""
+    started = perf_counter()
+    with transaction.atomic():
+        if not try_lead():
+            return None
+        now = db_now()
+        loaded = load_snapshot(now=now)
+        loaded_at = perf_counter()
+        result = core.schedule(loaded.snapshot)
+        decided_at = perf_counter()
+        applied = apply_result(loaded=loaded, result=result)
+        written_at = perf_counter()
+        total = written_at - started
+        row = SchedulerPass.objects.create(
+            started_at=now,
+            finished_at=now + timedelta(seconds=total),
+            trigger=trigger[:32],
+            pending=len(loaded.snapshot.pending),
+            placed=len(applied.placed),
+            preempted=applied.preempted,
+            backfilled=applied.backfilled,
+            waiting_changed=applied.reasons_changed,
+            conflicts=len(applied.conflicts),
+            load_ms=_ms(loaded_at - started),
+            core_ms=_ms(decided_at - loaded_at),
+            write_ms=_ms(written_at - decided_at),
+            total_ms=_ms(total),
+        )
+    log.info(
+        "scheduler pass %s (%s): pending=%s placed=%s preempted=%s load=%sms core=%sms write=%sms",
+        row.pk, trigger, row.pending, row.placed, row.preempted, row.load_ms, row.core_ms, row.write_ms,
+    )
+    return row
+
+
+def _node_timeouts() -> tuple[timedelta, timedelta]:
+    # The metering engineer owns heartbeats and their timeouts (metering/conf.py).
+    from metering.conf import seconds
+
+    return (
+        timedelta(seconds=seconds("METERING_NODE_UNKNOWN_AFTER_S")),
+        timedelta(seconds=seconds("METERING_NODE_DOWN_AFTER_S")),
+    )
+
+
+def _mark_nodes(
+    ids: list[int], *, from_states: tuple[str, ...], to: str, silent_before: datetime, reason: str
+) -> list[int]:
+    """Move nodes still silent and still in `from_states` to `to` (a conditional UPDATE, so a
+    heartbeat that arrived meanwhile wins); audit each move."""
+    moved: list[int] = []
+    for node_id in ids:
+        with transaction.atomic():
+            changed = Node.objects.filter(
+                pk=node_id, state__in=from_states, last_heartbeat_at__lt=silent_before
+            ).update(state=to)
+            if changed != 1:
+                continue
+            record(action="sched.node.state", subject_type="node", subject_id=node_id,
+                   reason_code=reason, data={"to": to})
+            moved.append(node_id)
+    return moved
+
+
+def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
+    """Silent nodes become unknown, then down; attempts on down nodes end as `lost` (requeued)."""
+    unknown_after, down_after = _node_timeouts()
+    now = db_now()
+    alive = (NodeState.READY, NodeState.DRAINING)
+    silent = list(
+        Node.objects.filter(state__in=alive, last_heartbeat_at__lt=now - unknown_after)
+        .values_list("id", flat=True)[:limit]
+    )
+    went_unknown = _mark_nodes(silent, from_states=alive, to=NodeState.UNKNOWN,
+                               silent_before=now - unknown_after, reason="heartbeat-missed")
+    dead = list(
+        Node.objects.filter(state=NodeState.UNKNOWN, last_heartbeat_at__lt=now - down_after)
+        .values_list("id", flat=True)[:limit]
+    )
+    went_down = _mark_nodes(dead, from_states=(NodeState.UNKNOWN,), to=NodeState.DOWN,
+                            silent_before=now - down_after, reason="node-down")
+    lost = end_attempts_on_down_nodes(limit=limit)
+    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost}
+
+
+def end_attempts_on_down_nodes(*, limit: int = 200) -> int:
+    """Finish every live attempt holding a GPU of a down node with outcome `lost` (one txn each)."""
+    attempts = list(
+        JobAttempt.objects.filter(
+            state__in=(AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING),
+            allocations__released_at__isnull=True,
+            allocations__node__state=NodeState.DOWN,
+        ).distinct().order_by("pk")[:limit]
+    )
+    ended = 0
+    for attempt in attempts:
+        try:
+            finish_attempt(attempt=attempt, outcome="lost")
+            ended += 1
+        except Exception:  # one bad attempt must not block the sweep of the others
+            log.exception("could not end attempt %s of a down node", attempt.pk)
+    return ended

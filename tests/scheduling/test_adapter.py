@@ -1,0 +1,185 @@
+"""Adapter round trip: the snapshot reflects the database; a pass writes its decisions back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from ledger.models import Hold
+from ledger.services import place_hold
+from metering.models import AttemptUsage
+from scheduling.adapter.snapshot import load_snapshot
+from scheduling.models import (
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobState,
+    Node,
+    NodeState,
+    Quota,
+    SchedulerPass,
+)
+from scheduling.services.tick import run_scheduling_pass
+from tests.factories import fund
+from tests.scheduling.conftest import A100_PRICE, H100_PRICE, priority
+
+pytestmark = pytest.mark.django_db
+
+MICRO = 1_000_000
+
+
+def hold_for(tenant: dict[str, Any], amount: int, key: str) -> Hold:
+    return place_hold(org=tenant["org"], amount=amount, key=key, project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100", "A100"])
+
+
+def test_snapshot_loads_what_is_in_the_db(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    org = tenant["org"]
+    org.fair_share_weight = 3
+    org.save()
+    Quota.objects.create(org=org, gpu_type=fleet["h100"], max_gpus=4)
+    runner = make_job(JobState.RUNNING, gpu_count=2)
+    attempt = make_attempt(runner, AttemptState.RUNNING, started_at=timezone.now())
+    for i in (0, 1):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i,
+                                  allocated_at=attempt.scheduled_at)
+    AttemptUsage.objects.create(attempt=attempt, org_id=org.pk, reported_gpu_ms=7_200_000,
+                                billable_gpu_ms=7_200_000)
+    waiting = make_job(JobState.QUEUED, gpu_count=4)
+    unfunded = make_job(JobState.QUEUED, hold=False)
+    make_job(JobState.QUEUED, not_before=timezone.now() + timedelta(hours=1))  # backing off
+    make_job(JobState.CANCELLED)
+
+    loaded = load_snapshot(now=timezone.now())
+    snap = loaded.snapshot
+    assert {t: g.price_per_gpu_hour_micro for t, g in snap.gpu_types.items()} == {
+        "H100": H100_PRICE, "A100": A100_PRICE,
+    }
+    (node,) = snap.nodes
+    assert (node.id, node.gpu_type) == (fleet["node"].pk, "H100")
+    assert node.free_gpu_indices == frozenset(range(2, 8))
+    (running,) = snap.running
+    assert (running.id, running.attempt_id, running.allocations) == (
+        runner.pk, attempt.pk, ((fleet["node"].pk, (0, 1)),),
+    )
+    assert {p.id: p.budget_ok for p in snap.pending} == {waiting.pk: True, unfunded.pk: False}
+    assert snap.usage.org[org.pk] == pytest.approx(7200, rel=0.01)  # GPU-seconds, barely decayed
+    assert snap.shares.org == {org.pk: 3}
+    assert snap.quotas.org == {(org.pk, "H100"): 4}
+    assert {c.name for c in snap.config.priority_classes} >= {"production", "standard"}
+
+
+def test_pass_places_a_job_and_fixes_the_rate(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    fund(tenant["org"], 100 * MICRO)
+    hold = hold_for(tenant, 6 * MICRO, "h1")
+    job = make_job(JobState.QUEUED, current_hold=hold, gpu_types=["H100"], gpu_count=2)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and (row.pending, row.placed) == (1, 1)
+    job.refresh_from_db()
+    assert (job.state, job.attempt_count, job.wait_reason) == (JobState.SCHEDULED, 1, "")
+    attempt = JobAttempt.objects.get(job=job)
+    assert (attempt.number, attempt.rate_per_gpu_hour, attempt.hold_id) == (1, H100_PRICE, hold.pk)
+    gpus = sorted(Allocation.objects.filter(attempt=attempt).values_list("node_id", "gpu_index"))
+    assert len(gpus) == 2 and {n for n, _ in gpus} == {fleet["node"].pk}
+    assert AttemptUsage.objects.filter(attempt=attempt).exists()
+    event = AuditEvent.objects.get(action="sched.place", subject_id=str(job.pk))
+    assert event.reason_code == "placed" and event.data["rate"] == H100_PRICE
+    hold.refresh_from_db()
+    assert hold.released == 0  # placed on the type the hold was priced for: nothing to release
+    assert SchedulerPass.objects.count() == 1
+
+
+def test_placement_on_a_cheaper_type_releases_the_excess(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    Node.objects.filter(pk=fleet["node"].pk).update(state=NodeState.DOWN)
+    Node.objects.create(name="a100-1", region=fleet["region"], gpu_type=fleet["a100"], gpu_count=8,
+                        state=NodeState.READY, last_heartbeat_at=timezone.now())
+    fund(tenant["org"], 100 * MICRO)
+    h100_cost = 2 * H100_PRICE  # 2 GPUs x 1 hour
+    hold = hold_for(tenant, h100_cost, "h2")
+    job = make_job(JobState.QUEUED, current_hold=hold, gpu_count=2, max_wall_seconds=3600)
+
+    run_scheduling_pass(trigger="test")
+
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.rate_per_gpu_hour == A100_PRICE
+    hold.refresh_from_db()
+    assert (hold.state, hold.released) == ("active", h100_cost - 2 * A100_PRICE)
+    assert hold.remaining == 2 * A100_PRICE
+
+
+def test_a_gpu_can_never_be_allocated_twice(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    first = make_attempt(make_job(JobState.SCHEDULED))
+    second = make_attempt(make_job(JobState.SCHEDULED))
+    now = timezone.now()
+    Allocation.objects.create(attempt=first, node=fleet["node"], gpu_index=3, allocated_at=now)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Allocation.objects.create(attempt=second, node=fleet["node"], gpu_index=3, allocated_at=now)
+    # Once released, the GPU can be given again.
+    Allocation.objects.filter(attempt=first).update(released_at=now)
+    Allocation.objects.create(attempt=second, node=fleet["node"], gpu_index=3, allocated_at=now)
+    assert Allocation.objects.filter(node=fleet["node"], gpu_index=3, released_at__isnull=True).count() == 1
+
+
+def test_preemption_requests_a_stop_with_grace(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+    settings: Any,
+) -> None:
+    settings.SCHEDULER_PREEMPT_GRACE_SECONDS = 90
+    long_ago = timezone.now() - timedelta(hours=2)
+    victim = make_job(JobState.RUNNING, gpu_count=8, priority_class=priority("batch"))
+    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
+    for i in range(8):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
+    urgent = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"],
+                      priority_class=priority("production"), preemptible=False)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and row.preempted == 1 and row.placed == 0
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.stop_reason, attempt.grace_seconds) == (
+        AttemptState.STOPPING, "preempted", 90,
+    )
+    event = AuditEvent.objects.get(action="sched.preempt")
+    assert event.data["for_job"] == urgent.pk and event.subject_id == str(victim.pk)
+    urgent.refresh_from_db()
+    assert urgent.state == JobState.QUEUED and urgent.wait_reason  # waits for the victim's exit
+    # The next pass does not signal the victim again.
+    assert run_scheduling_pass(trigger="test").preempted == 0  # type: ignore[union-attr]
+
+
+def test_wait_reasons_are_kept_and_audited_only_on_change(
+    fleet: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    too_big = make_job(JobState.QUEUED, gpu_count=16, gpu_types=["H100"])
+    unfunded = make_job(JobState.QUEUED, hold=False)
+
+    run_scheduling_pass(trigger="test")
+    run_scheduling_pass(trigger="test")
+
+    too_big.refresh_from_db()
+    unfunded.refresh_from_db()
+    assert too_big.wait_reason in {"resources", "no-matching-gpu-type"}
+    assert unfunded.wait_reason == "budget"
+    assert AuditEvent.objects.filter(action="sched.skip").count() == 2
+    assert SchedulerPass.objects.order_by("pk").last().waiting_changed == 0  # type: ignore[union-attr]
+    call_command("verify_audit")  # the batch-appended events chain like single ones
