@@ -23,7 +23,9 @@ def expire_due_buckets(*, limit: int = 500) -> int:
     now = ledger_now()
     due = Bucket.objects.filter(expires_at__lte=now, available__gt=0)
     buckets = claim_buckets(due, limit)
-    for bucket in buckets:
+    # Audit chain heads (one per org) are locked after the buckets; taking them in org order
+    # keeps two parallel expiry runs from waiting on each other's heads in opposite orders.
+    for bucket in sorted(buckets, key=lambda b: (b.org_id, b.pk)):
         amount = bucket.available
         move_bucket(bucket.pk, source="available", target="expired", amount=amount)
         txn = post_transaction(
