@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from celery.schedules import crontab
 
 from config.env import env
 
@@ -29,5 +30,27 @@ app.conf.beat_schedule = {
         "task": "scheduling.tasks.fund_waiting_jobs",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    # Metering (metering/tasks.py): progress captures and hold extensions, stranded holds, the
+    # expiry sweep, nightly reconciliation. Expiry is shorter than any visibility timeout.
+    "metering-charge-progress": {
+        "task": "metering.tasks.charge_progress",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+    "metering-release-stranded-holds": {
+        "task": "metering.tasks.release_stranded_holds",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
+    "metering-expire-buckets": {
+        "task": "metering.tasks.expire_buckets",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+    "metering-reconcile-nightly": {
+        "task": "metering.tasks.reconcile",
+        "schedule": crontab(hour=3, minute=17),
+        "options": {"expires": 3600},
     },
 }

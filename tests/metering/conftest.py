@@ -122,3 +122,35 @@ def make_attempt(world: World) -> Callable[..., JobAttempt]:
         return attempt
 
     return make
+
+
+@pytest.fixture
+def submit(world: World) -> Callable[..., Job]:
+    """Submit a job through the real submission service (budgets + hold), as the API does."""
+    from scheduling.services.submission import JobSpec, submit_job
+    from tests.factories import MembershipFactory
+
+    MembershipFactory(project=world.project, user=world.user)
+    counter = iter(range(1, 100_000))
+
+    def make(*, gpus: int = 2, max_wall_seconds: int = 3600, command: str = "sleep 1",
+             priority_class: str = "standard") -> Job:
+        spec = JobSpec(name=f"job-{next(counter)}", gpu_types=("H100",), gpu_count=gpus,
+                       max_wall_seconds=max_wall_seconds, priority_class=priority_class, command=command)
+        return submit_job(user=world.user, project=world.project, spec=spec,
+                          idempotency_key=f"k-{next(counter)}")
+
+    return make
+
+
+def place_pending() -> list[JobAttempt]:
+    """One real scheduling pass; returns the attempts it placed."""
+    from scheduling.services.tick import run_scheduling_pass
+
+    before = set(JobAttempt.objects.values_list("pk", flat=True))
+    run_scheduling_pass(trigger="test")
+    return list(JobAttempt.objects.exclude(pk__in=before).order_by("pk"))
+
+
+def mark_node_alive(node: Node) -> None:
+    Node.objects.filter(pk=node.pk).update(state=NodeState.READY, last_heartbeat_at=timezone.now())
