@@ -59,6 +59,12 @@ class Budget(models.Model):
                 | Q(period="window", window_start__isnull=False, window_end__gt=F("window_start")),
                 name="budget_period_well_formed",
             ),
+            # One budget per scope: PUT replaces it (nulls compare equal, so one org-level row).
+            models.UniqueConstraint(
+                fields=["org", "project", "user"],
+                name="budget_scope_unique",
+                nulls_distinct=False,
+            ),
         ]
 
     def __str__(self) -> str:

@@ -2,6 +2,10 @@
 
 from django.urls import include, path
 
-urlpatterns: list = [
+urlpatterns = [
+    path("", include("accounts.api.urls")),
+    path("", include("budgets.api.urls")),
+    path("", include("ledger.api.urls")),
+    path("", include("scheduling.api.urls")),
     path("agent/", include("metering.api.urls")),
 ]

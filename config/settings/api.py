@@ -1,4 +1,4 @@
-"""DRF, OpenAPI and rate-limit settings."""
+"""DRF, OpenAPI, idempotency and rate-limit settings."""
 
 from config.env import env
 
@@ -8,19 +8,54 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["config.api.ratelimit.ApiKeyRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "config.api.pagination.ApiPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["config.api.parsers.BoundedJSONParser"],
+    "EXCEPTION_HANDLER": "config.api.exceptions.problem_exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU Bank API",
-    "DESCRIPTION": "Credits, holds, jobs and metering for GPU time.",
+    "DESCRIPTION": "Credits, holds, jobs and metering for GPU time. Errors are RFC 9457 problem "
+    "details; every mutating route needs an Idempotency-Key header (see docs/api.md).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.api.schema.add_problem_responses",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduling.models.JobState",
+        "AttemptStateEnum": "scheduling.models.AttemptState",
+        "HoldStateEnum": "ledger.models.HoldState",
+        "TransactionKindEnum": "ledger.models.TransactionKind",
+        "BucketKindEnum": "ledger.models.BucketKind",
+    },
 }
 
-# Idempotency keys are kept at least this long (DESIGN.md §7).
+# Idempotency keys are kept at least this long (DESIGN.md §7), then reaped by a beat task.
 IDEMPOTENCY_KEY_TTL_SECONDS = env.int("IDEMPOTENCY_KEY_TTL_SECONDS", default=24 * 3600)
+# How long a duplicate request waits for the in-flight original before answering 409.
+IDEMPOTENCY_LOCK_WAIT_MS = env.int("IDEMPOTENCY_LOCK_WAIT_MS", default=5000)
+
+# Requests with a larger body are rejected (400) before they are parsed.
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=64 * 1024)
+
+# Rate limits per route scope: per API key (or session user) and per organization.
+# "N/second|minute|hour"; a scope without an entry falls back to "default".
+API_RATE_LIMITS: dict[str, dict[str, str]] = env.json(
+    "API_RATE_LIMITS",
+    default={
+        "default": {"key": "1200/minute", "org": "6000/minute"},
+        "jobs-submit": {"key": "600/minute", "org": "3000/minute"},
+        "jobs-read": {"key": "1200/minute", "org": "6000/minute"},
+        "finance": {"key": "300/minute", "org": "600/minute"},
+    },
+)
+# An in-flight submission slot expires on its own after this long (a crashed worker's slot).
+API_INFLIGHT_TTL_SECONDS = env.int("API_INFLIGHT_TTL_SECONDS", default=60)

@@ -1,0 +1,84 @@
+"""Organizations, projects and memberships: strict inputs, flat outputs."""
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from accounts.models import Membership, Organization, OrgRole, Project
+from config.api.serializers import StrictCharField, StrictIntegerField, StrictSerializer
+
+SLUG_RE = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
+
+
+class SlugField(serializers.RegexField):
+    """Lowercase letters, digits and inner dashes; a JSON string only."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(SLUG_RE, min_length=1, max_length=64, **kwargs)
+
+    def to_internal_value(self, data: object) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class OrganizationCreateSerializer(StrictSerializer):
+    name = StrictCharField(min_length=1, max_length=200)
+    slug = SlugField()
+    home_region = StrictCharField(required=False, min_length=1, max_length=32,
+                                  help_text="Region code of the org's wallet.")
+    owner = StrictCharField(required=False, min_length=1, max_length=150,
+                            help_text="Username made the org's owner.")
+    hold_window_seconds = StrictIntegerField(required=False, min_value=60, max_value=30 * 24 * 3600)
+    max_inflight_submissions = StrictIntegerField(required=False, min_value=1, max_value=10_000)
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    home_region = serializers.SlugRelatedField(slug_field="code", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Organization
+        fields = ["id", "name", "slug", "home_region", "hold_window_seconds",
+                  "max_inflight_submissions", "fair_share_weight", "created_at"]
+        read_only_fields = fields
+
+
+class ProjectCreateSerializer(StrictSerializer):
+    name = StrictCharField(min_length=1, max_length=200)
+    slug = SlugField()
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    org = serializers.IntegerField(source="org_id", read_only=True)
+
+    class Meta:
+        model = Project
+        fields = ["id", "org", "name", "slug", "fair_share_weight", "created_at"]
+        read_only_fields = fields
+
+
+class MemberAddSerializer(StrictSerializer):
+    user = StrictIntegerField(required=False, min_value=1, max_value=2**53, help_text="User id.")
+    username = StrictCharField(required=False, min_length=1, max_length=150)
+    role = serializers.ChoiceField(choices=OrgRole.choices, default=OrgRole.MEMBER)
+
+    def validate(self, attrs: dict) -> dict:
+        if ("user" in attrs) == ("username" in attrs):
+            raise serializers.ValidationError({"user": ["Give exactly one of user or username."]})
+        users = get_user_model().objects.filter(is_active=True)
+        found = (users.filter(pk=attrs["user"]) if "user" in attrs
+                 else users.filter(username=attrs["username"])).first()
+        if found is None:
+            raise serializers.ValidationError({"user": ["No such active user."]})
+        attrs["user_obj"] = found
+        return attrs
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    project = serializers.IntegerField(source="project_id", read_only=True)
+    user = serializers.IntegerField(source="user_id", read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "project", "user", "username", "role"]
+        read_only_fields = fields

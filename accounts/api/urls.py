@@ -1,0 +1,19 @@
+"""Tenancy routes under `/api/v1/`."""
+
+from django.urls import path
+
+from accounts.api.views import (
+    OrgDetailView,
+    OrgListCreateView,
+    OrgProjectsView,
+    ProjectDetailView,
+    ProjectMembersView,
+)
+
+urlpatterns = [
+    path("orgs", OrgListCreateView.as_view(), name="orgs"),
+    path("orgs/<int:org_id>", OrgDetailView.as_view(), name="org-detail"),
+    path("orgs/<int:org_id>/projects", OrgProjectsView.as_view(), name="org-projects"),
+    path("projects/<int:project_id>", ProjectDetailView.as_view(), name="project-detail"),
+    path("projects/<int:project_id>/members", ProjectMembersView.as_view(), name="project-members"),
+]

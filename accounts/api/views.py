@@ -1,0 +1,127 @@
+"""Org, project and membership management (finance creates orgs; org owners/admins the rest)."""
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import ValidationError
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.api.serializers import (
+    MemberAddSerializer,
+    MembershipSerializer,
+    OrganizationCreateSerializer,
+    OrganizationSerializer,
+    ProjectCreateSerializer,
+    ProjectSerializer,
+)
+from accounts.models import Region
+from accounts.selectors import (
+    get_visible_org,
+    get_visible_project,
+    require_finance,
+    require_org_manager,
+    visible_orgs,
+)
+from accounts.services import add_project_member, create_organization, create_project
+from config.api.idempotency import key_of, run_idempotent
+from config.api.ratelimit import enforce_org_limit
+
+
+class OrgListCreateView(GenericAPIView):
+    serializer_class = OrganizationSerializer
+
+    def get_throttles(self) -> list:
+        self.rate_limit_scope = "finance" if self.request.method == "POST" else "default"
+        return super().get_throttles()
+
+    @extend_schema(operation_id="orgs_list", responses=OrganizationSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(visible_orgs(request.user).order_by("id"))
+        return self.get_paginated_response(OrganizationSerializer(page, many=True).data)
+
+    @extend_schema(operation_id="orgs_create", request=OrganizationCreateSerializer,
+                   responses={201: OrganizationSerializer}, description="Finance only.")
+    def post(self, request: Request) -> Response:
+        key_of(request)
+        require_finance(request.user)
+        body = OrganizationCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        if "home_region" in data:
+            region = Region.objects.filter(code=data["home_region"]).first()
+            if region is None:
+                raise ValidationError({"home_region": ["Unknown region."]})
+            data["home_region"] = region
+        if "owner" in data:
+            owner = get_user_model().objects.filter(username=data["owner"], is_active=True).first()
+            if owner is None:
+                raise ValidationError({"owner": ["No such active user."]})
+            data["owner"] = owner
+
+        def effect() -> tuple[int, Any]:
+            org = create_organization(actor=request.user, **data)
+            return 201, OrganizationSerializer(org).data
+
+        return run_idempotent(request, effect)
+
+
+class OrgDetailView(GenericAPIView):
+    serializer_class = OrganizationSerializer
+
+    @extend_schema(operation_id="orgs_retrieve", responses=OrganizationSerializer)
+    def get(self, request: Request, org_id: int) -> Response:
+        return Response(OrganizationSerializer(get_visible_org(request.user, org_id)).data)
+
+
+class OrgProjectsView(GenericAPIView):
+    serializer_class = ProjectSerializer
+
+    @extend_schema(operation_id="orgs_projects_create", request=ProjectCreateSerializer,
+                   responses={201: ProjectSerializer}, description="Org owners/admins and finance.")
+    def post(self, request: Request, org_id: int) -> Response:
+        key_of(request)
+        org = get_visible_org(request.user, org_id)
+        require_org_manager(request.user, org)
+        enforce_org_limit(request, org_id=org.pk, scope="default")
+        body = ProjectCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+
+        def effect() -> tuple[int, Any]:
+            project = create_project(org=org, actor=request.user, **body.validated_data)
+            return 201, ProjectSerializer(project).data
+
+        return run_idempotent(request, effect)
+
+
+class ProjectDetailView(GenericAPIView):
+    serializer_class = ProjectSerializer
+
+    @extend_schema(operation_id="projects_retrieve", responses=ProjectSerializer)
+    def get(self, request: Request, project_id: int) -> Response:
+        return Response(ProjectSerializer(get_visible_project(request.user, project_id)).data)
+
+
+class ProjectMembersView(GenericAPIView):
+    serializer_class = MembershipSerializer
+
+    @extend_schema(operation_id="projects_members_add", request=MemberAddSerializer,
+                   responses={200: MembershipSerializer, 201: MembershipSerializer},
+                   description="Add a user to a project (or change their role); org owners/admins.")
+    def post(self, request: Request, project_id: int) -> Response:
+        key_of(request)
+        project = get_visible_project(request.user, project_id)
+        require_org_manager(request.user, project.org)
+        enforce_org_limit(request, org_id=project.org_id, scope="default")
+        body = MemberAddSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        user, role = body.validated_data["user_obj"], body.validated_data["role"]
+
+        def effect() -> tuple[int, Any]:
+            membership, created = add_project_member(project=project, user=user, role=role,
+                                                     actor=request.user)
+            return (201 if created else 200), MembershipSerializer(membership).data
+
+        return run_idempotent(request, effect)

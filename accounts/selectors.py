@@ -1,0 +1,92 @@
+"""Tenancy reads: which orgs and projects a user may see and manage.
+
+The API answers 404 for anything outside a caller's tenancy (never 403, which would confirm the
+object exists); 403 is reserved for callers who may see an object but not change it.
+
+- Finance (group "finance", or a superuser) sees every org and project and runs finance routes.
+- Any org membership (owner/admin/member/viewer) sees the whole org and all its projects.
+- A project membership sees that project (and its org's existence, not its other projects).
+- Submitting jobs needs a non-viewer project membership, or org owner/admin.
+"""
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Q, QuerySet
+from django.http import Http404
+from rest_framework.exceptions import PermissionDenied
+
+from accounts.models import Membership, Organization, OrgMembership, OrgRole, Project
+
+FINANCE_GROUP = "finance"
+ORG_MANAGER_ROLES = (OrgRole.OWNER, OrgRole.ADMIN)
+
+AnyUser = AbstractBaseUser | AnonymousUser
+
+
+def is_finance(user: AnyUser) -> bool:
+    if not user.is_authenticated:
+        return False
+    cached = getattr(user, "_gpubank_is_finance", None)
+    if cached is None:
+        cached = bool(user.is_superuser or user.groups.filter(name=FINANCE_GROUP).exists())
+        user._gpubank_is_finance = cached  # type: ignore[union-attr]
+    return cached
+
+
+def visible_orgs(user: AnyUser) -> QuerySet[Organization]:
+    if is_finance(user):
+        return Organization.objects.all()
+    return Organization.objects.filter(
+        Q(memberships__user=user) | Q(projects__memberships__user=user)
+    ).distinct()
+
+
+def visible_projects(user: AnyUser) -> QuerySet[Project]:
+    if is_finance(user):
+        return Project.objects.all()
+    return Project.objects.filter(Q(org__memberships__user=user) | Q(memberships__user=user)).distinct()
+
+
+def org_role(user: AnyUser, org_id: int) -> str | None:
+    return (
+        OrgMembership.objects.filter(user=user, org_id=org_id).values_list("role", flat=True).first()
+    )
+
+
+def get_visible_org(user: AnyUser, org_id: int) -> Organization:
+    org = visible_orgs(user).filter(pk=org_id).first()
+    if org is None:
+        raise Http404("No such organization.")
+    return org
+
+
+def get_visible_project(user: AnyUser, project_id: int) -> Project:
+    project = visible_projects(user).select_related("org").filter(pk=project_id).first()
+    if project is None:
+        raise Http404("No such project.")
+    return project
+
+
+def require_org_manager(user: AnyUser, org: Organization) -> None:
+    """Org owners/admins (and finance) may manage an org's projects, members and budgets."""
+    if is_finance(user) or org_role(user, org.pk) in ORG_MANAGER_ROLES:
+        return
+    raise PermissionDenied("Only the organization's owners and admins may do this.")
+
+
+def require_org_reader(user: AnyUser, org: Organization) -> None:
+    """Org-wide money (balance, journal) is for org members and finance, not project-only members."""
+    if is_finance(user) or org_role(user, org.pk) is not None:
+        return
+    raise PermissionDenied("Only members of the organization may read its balance and journal.")
+
+
+def require_finance(user: AnyUser) -> None:
+    if not is_finance(user):
+        raise PermissionDenied("Only finance staff may do this.")
+
+
+def can_submit(user: AnyUser, project: Project) -> bool:
+    if org_role(user, project.org_id) in ORG_MANAGER_ROLES:
+        return True
+    role = Membership.objects.filter(user=user, project=project).values_list("role", flat=True).first()
+    return role is not None and role != OrgRole.VIEWER

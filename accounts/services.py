@@ -1,0 +1,134 @@
+"""Writes of the accounts app: API keys, organizations, projects, memberships, idempotency reaping."""
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.keys import hash_key, new_key
+from accounts.models import (
+    ApiKey,
+    IdempotencyRecord,
+    Membership,
+    Organization,
+    OrgMembership,
+    OrgRole,
+    Project,
+    Region,
+)
+from audit.services import record
+from config.clock import db_now
+from config.errors import DomainError
+
+
+class AccountsError(DomainError):
+    type = "validation-error"
+    status = 400
+    title = "Invalid request"
+
+
+class Conflict(DomainError):
+    type = "conflict"
+    status = 409
+    title = "Conflicts with an existing object"
+
+
+def _actor(actor: Any) -> dict[str, str]:
+    if actor is None:
+        return {"actor_type": "system", "actor_id": ""}
+    return {"actor_type": "user", "actor_id": str(actor.pk)}
+
+
+@transaction.atomic
+def create_api_key(*, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiKey, str]:
+    """Create a key for `user`; the raw key is returned once and never stored (only its hash)."""
+    if not name or len(name) > 100:
+        raise AccountsError("An API key needs a name of 1-100 characters.", field="name")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise AccountsError("The expiry must be in the future.", field="expires_at")
+    raw, prefix = new_key()
+    key = ApiKey.objects.create(
+        user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at
+    )
+    record(action="accounts.api_key.create", subject_type="api_key", subject_id=key.pk,
+           actor_type="user", actor_id=str(user.pk), data={"name": name, "prefix": prefix})
+    return key, raw
+
+
+@transaction.atomic
+def revoke_api_key(*, api_key: ApiKey, actor: Any = None) -> ApiKey:
+    """Revoke a key (idempotent: revoking twice keeps the first revocation time)."""
+    changed = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=db_now())
+    if changed:
+        record(action="accounts.api_key.revoke", subject_type="api_key", subject_id=api_key.pk,
+               data={"prefix": api_key.prefix}, **_actor(actor))
+    api_key.refresh_from_db()
+    return api_key
+
+
+@transaction.atomic
+def create_organization(
+    *,
+    name: str,
+    slug: str,
+    home_region: Region | None = None,
+    owner: Any = None,
+    hold_window_seconds: int | None = None,
+    max_inflight_submissions: int | None = None,
+    actor: Any = None,
+) -> Organization:
+    if Organization.objects.filter(slug=slug).exists():
+        raise Conflict(f"An organization with slug {slug!r} already exists.", field="slug")
+    org = Organization(name=name, slug=slug, home_region=home_region,
+                       hold_window_seconds=hold_window_seconds)
+    if max_inflight_submissions is not None:
+        org.max_inflight_submissions = max_inflight_submissions
+    org.save()
+    if owner is not None:
+        OrgMembership.objects.create(org=org, user=owner, role=OrgRole.OWNER)
+    record(action="accounts.org.create", subject_type="org", subject_id=org.pk, org_id=org.pk,
+           data={"slug": slug, "owner": owner.pk if owner is not None else None}, **_actor(actor))
+    return org
+
+
+@transaction.atomic
+def create_project(*, org: Organization, name: str, slug: str, actor: Any = None) -> Project:
+    if Project.objects.filter(org=org, slug=slug).exists():
+        raise Conflict(f"Project {slug!r} already exists in {org.slug}.", field="slug")
+    project = Project.objects.create(org=org, name=name, slug=slug)
+    record(action="accounts.project.create", subject_type="project", subject_id=project.pk,
+           org_id=org.pk, data={"slug": slug}, **_actor(actor))
+    return project
+
+
+@transaction.atomic
+def add_project_member(
+    *, project: Project, user: Any, role: str = OrgRole.MEMBER, actor: Any = None
+) -> tuple[Membership, bool]:
+    """Add `user` to `project` (or change their role). Returns (membership, created)."""
+    if role not in OrgRole.values:
+        raise AccountsError(f"Unknown role {role!r}.", field="role")
+    membership, created = Membership.objects.select_for_update().get_or_create(
+        project=project, user=user, defaults={"role": role}
+    )
+    if not created and membership.role != role:
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        membership.role = role
+    record(action="accounts.member.add" if created else "accounts.member.role",
+           subject_type="membership", subject_id=membership.pk, org_id=project.org_id,
+           data={"project": project.pk, "user": user.pk, "role": role}, **_actor(actor))
+    return membership, created
+
+
+def reap_idempotency_records(*, limit: int = 5000) -> int:
+    """Delete expired idempotency records in bounded batches; returns how many were deleted."""
+    ids = list(
+        IdempotencyRecord.objects.filter(expires_at__lt=db_now())
+        .order_by("expires_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if not ids:
+        return 0
+    deleted, _ = IdempotencyRecord.objects.filter(pk__in=ids, expires_at__lt=db_now()).delete()
+    return deleted

@@ -1,0 +1,30 @@
+"""Typed budget errors, rendered as RFC 9457 problem details."""
+
+from config.errors import DomainError
+
+
+class BudgetExceeded(DomainError):
+    """A hard budget at `level` (org | project | member) cannot fit the requested amount."""
+
+    type = "budget-exceeded"
+    status = 402
+    title = "Budget exceeded"
+
+    def __init__(self, *, level: str, limit: int, used: int, requested: int, budget_id: int) -> None:
+        super().__init__(
+            f"The {level} budget allows {limit} micro-credits this period; {used} are used or held "
+            f"and {requested} more were requested.",
+            level=level, limit=limit, used=used, requested=requested, budget_id=budget_id,
+        )
+        self.level = level
+        self.limit = limit
+        self.used = used
+        self.requested = requested
+
+
+class InvalidBudget(DomainError):
+    """A budget definition that does not make sense (negative limit, empty window...)."""
+
+    type = "validation-error"
+    status = 400
+    title = "Invalid budget"

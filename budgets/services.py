@@ -1,0 +1,254 @@
+"""Budget writes: reserve (check + count a hold), capture, release, extension, and set a limit.
+
+Lock order (DESIGN.md §6): callers lock the idempotency record, job and hold first; budget period
+rows are locked here in the order org, project, member, then budget id — always before the
+ledger locks buckets. Decisions are made on the locked, re-read rows, so concurrent submissions
+can never push a hard budget past its limit.
+
+Semantics: a hold counts as `held` in the period current at reservation (an extension counts in
+the period current at extension); a capture moves that amount from held to spent in the same
+period; a release drops held. Soft budgets never reject: crossing one writes an audit alert.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, F, IntegerField, Q, Value, When
+
+from accounts.models import Organization, Project
+from audit.services import record
+from budgets.errors import BudgetExceeded, InvalidBudget
+from budgets.models import (
+    Budget,
+    BudgetCharge,
+    BudgetLevel,
+    BudgetPeriod,
+    BudgetPeriodKind,
+    Enforcement,
+)
+from budgets.periods import period_bounds
+from config.clock import db_now
+from ledger.models import Hold
+
+LEVEL_RANK = Case(
+    When(budget__level=BudgetLevel.ORG, then=Value(0)),
+    When(budget__level=BudgetLevel.PROJECT, then=Value(1)),
+    default=Value(2),
+    output_field=IntegerField(),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SoftAlert:
+    budget_id: int
+    level: str
+    limit: int
+    used: int
+    requested: int
+
+
+def _applicable(org_id: int, project_id: int | None, user_id: int | None) -> list[Budget]:
+    scope = Q(level=BudgetLevel.ORG, org_id=org_id)
+    if project_id is not None:
+        scope |= Q(level=BudgetLevel.PROJECT, project_id=project_id)
+        if user_id is not None:
+            scope |= Q(level=BudgetLevel.MEMBER, project_id=project_id, user_id=user_id)
+    return list(Budget.objects.filter(scope, org_id=org_id))
+
+
+def _lock_periods_by_id(period_ids: list[int]) -> list[BudgetPeriod]:
+    if not period_ids:
+        return []
+    return list(
+        BudgetPeriod.objects.filter(pk__in=period_ids)
+        .select_related("budget")
+        .annotate(level_rank=LEVEL_RANK)
+        .order_by("level_rank", "budget_id", "pk")
+        .select_for_update(of=("self",))
+    )
+
+
+def lock_current_periods(
+    *, org_id: int, project_id: int | None, user_id: int | None, now: datetime | None = None
+) -> list[BudgetPeriod]:
+    """Create (if missing) and lock the current period of every applicable budget, in lock order."""
+    now = now or db_now()
+    wanted: dict[int, tuple[datetime, datetime]] = {}
+    for budget in _applicable(org_id, project_id, user_id):
+        bounds = period_bounds(period=budget.period, window_start=budget.window_start,
+                               window_end=budget.window_end, now=now)
+        if bounds is not None:
+            wanted[budget.pk] = bounds
+    if not wanted:
+        return []
+    BudgetPeriod.objects.bulk_create(
+        [BudgetPeriod(budget_id=b, org_id=org_id, starts_at=s, ends_at=e) for b, (s, e) in wanted.items()],
+        ignore_conflicts=True,
+    )
+    match = Q()
+    for budget_id, (starts, _ends) in wanted.items():
+        match |= Q(budget_id=budget_id, starts_at=starts)
+    ids = list(BudgetPeriod.objects.filter(match).values_list("pk", flat=True))
+    return _lock_periods_by_id(ids)
+
+
+def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
+    """Raise BudgetExceeded on the first hard budget (in lock order) that cannot fit `amount`."""
+    alerts: list[SoftAlert] = []
+    for period in periods:
+        budget = period.budget
+        used = period.held + period.spent
+        if used + amount <= budget.limit:
+            continue
+        if budget.enforcement == Enforcement.HARD:
+            raise BudgetExceeded(level=budget.level, limit=budget.limit, used=used,
+                                 requested=amount, budget_id=budget.pk)
+        alerts.append(SoftAlert(budget.pk, budget.level, budget.limit, used, amount))
+    return alerts
+
+
+def precheck_budgets(
+    *, org: Organization, project: Project | None, user: Any, amount: int
+) -> tuple[list[BudgetPeriod], list[SoftAlert]]:
+    """Lock and check every level before the ledger locks buckets (see module docstring)."""
+    periods = lock_current_periods(org_id=org.pk, project_id=project.pk if project else None,
+                                   user_id=user.pk if user is not None else None)
+    return periods, check_periods(periods, amount)
+
+
+def _charge(periods: list[BudgetPeriod], hold: Hold, amount: int) -> list[BudgetCharge]:
+    charges = []
+    for period in periods:
+        BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") + amount)
+        charge, created = BudgetCharge.objects.get_or_create(
+            period=period, hold=hold, defaults={"held": amount}
+        )
+        if not created:
+            BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") + amount)
+        charges.append(charge)
+    return charges
+
+
+def _alert(hold: Hold, alerts: list[SoftAlert], action: str) -> None:
+    for alert in alerts:
+        record(action="budget.soft_limit_exceeded", subject_type="budget", subject_id=alert.budget_id,
+               org_id=hold.org_id, amount=alert.requested, reason_code="soft_budget_exceeded",
+               data={"level": alert.level, "limit": alert.limit, "used": alert.used,
+                     "hold": hold.pk, "on": action})
+
+
+@transaction.atomic
+def reserve_budgets(
+    *,
+    hold: Hold,
+    org: Organization,
+    project: Project | None,
+    user: Any,
+    amount: int,
+    prechecked: tuple[list[BudgetPeriod], list[SoftAlert]] | None = None,
+) -> list[BudgetCharge]:
+    """Lock the applicable periods, check hard limits (soft: audit alert), count `amount` as held.
+
+    `prechecked` is what `precheck_budgets` returned earlier in the same transaction (the rows
+    are still locked), so they are not locked and checked twice. Idempotent per hold: a hold
+    that already has charges is returned unchanged.
+    """
+    existing = list(BudgetCharge.objects.filter(hold=hold))
+    if existing:
+        return existing
+    periods, alerts = prechecked or precheck_budgets(org=org, project=project, user=user, amount=amount)
+    charges = _charge(periods, hold, amount)
+    _alert(hold, alerts, "reserve")
+    return charges
+
+
+@transaction.atomic
+def record_extension(*, hold: Hold, amount: int) -> list[BudgetCharge]:
+    """Count an extension of `hold` in the current periods (raises BudgetExceeded on hard)."""
+    periods = lock_current_periods(org_id=hold.org_id, project_id=hold.project_id, user_id=hold.user_id)
+    alerts = check_periods(periods, amount)
+    charges = _charge(periods, hold, amount)
+    _alert(hold, alerts, "extend")
+    return charges
+
+
+def _locked_charges(hold: Hold) -> list[tuple[BudgetCharge, BudgetPeriod]]:
+    charges = {c.period_id: c for c in BudgetCharge.objects.filter(hold=hold)}
+    periods = _lock_periods_by_id(list(charges))
+    # Re-read the charges after the period locks: every writer of a charge holds its period.
+    fresh = {c.period_id: c for c in BudgetCharge.objects.filter(hold=hold)}
+    return [(fresh[p.pk], p) for p in periods if p.pk in fresh] if charges else []
+
+
+@transaction.atomic
+def record_capture(*, hold: Hold, amount: int) -> None:
+    """Move `amount` of `hold` from held to spent in every period it counts in."""
+    if amount <= 0:
+        return
+    for charge, period in _locked_charges(hold):
+        moved = min(amount, charge.held)
+        BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved, spent=F("spent") + amount)
+        BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved, spent=F("spent") + amount)
+
+
+@transaction.atomic
+def record_release(*, hold: Hold, amount: int) -> None:
+    """Drop `amount` of `hold` from held in every period it counts in (never below zero)."""
+    if amount <= 0:
+        return
+    for charge, period in _locked_charges(hold):
+        moved = min(amount, charge.held)
+        if moved:
+            BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved)
+            BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved)
+
+
+@transaction.atomic
+def set_budget(
+    *,
+    org: Organization,
+    project: Project | None = None,
+    user: Any = None,
+    period: str,
+    limit: int,
+    enforcement: str,
+    window_start: datetime | None = None,
+    window_end: datetime | None = None,
+    actor: Any = None,
+) -> tuple[Budget, bool]:
+    """Create or replace the budget of one scope (org, project, or member in project)."""
+    if project is not None and project.org_id != org.pk:
+        raise InvalidBudget("The project belongs to another organization.", field="project")
+    if user is not None and project is None:
+        raise InvalidBudget("A member budget needs a project.", field="project")
+    if not isinstance(limit, int) or limit < 0:
+        raise InvalidBudget("The limit is a non-negative integer of micro-credits.", field="limit")
+    if period == BudgetPeriodKind.WINDOW:
+        if window_start is None or window_end is None or window_end <= window_start:
+            raise InvalidBudget("A window budget needs window_start < window_end.", field="window_end")
+    else:
+        window_start = window_end = None
+    level = BudgetLevel.MEMBER if user is not None else (
+        BudgetLevel.PROJECT if project is not None else BudgetLevel.ORG
+    )
+    fields = {"level": level, "period": period, "limit": limit, "enforcement": enforcement,
+              "window_start": window_start, "window_end": window_end}
+    budget = (
+        Budget.objects.select_for_update()
+        .filter(org=org, project=project, user=user).first()
+    )
+    created = budget is None
+    if budget is None:
+        budget = Budget.objects.create(org=org, project=project, user=user, **fields)
+    else:
+        for name, value in fields.items():
+            setattr(budget, name, value)
+        budget.save()
+    record(action="budget.set", subject_type="budget", subject_id=budget.pk, org_id=org.pk,
+           amount=limit, actor_type="user" if actor is not None else "system",
+           actor_id=str(actor.pk) if actor is not None else "",
+           data={"level": level, "period": period, "enforcement": enforcement,
+                 "project": project.pk if project else None, "user": user.pk if user else None})
+    return budget, created

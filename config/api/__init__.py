@@ -1,0 +1,1 @@
+"""API plumbing shared by every app: problem details, idempotency, rate limits, pagination."""

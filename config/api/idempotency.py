@@ -1,0 +1,148 @@
+"""Idempotent mutating requests (DESIGN.md §7).
+
+One transaction per request: the (principal, key) record is inserted first — it is the first
+lock of the lock order — then the effect runs, then the record is completed with the response.
+All three commit together, so a stored response always describes a committed effect, and a
+failed request (4xx/5xx) leaves nothing behind: its key may be retried.
+
+A concurrent duplicate's `INSERT ... ON CONFLICT DO NOTHING` waits on the first transaction's
+uncommitted row. When that commits, the duplicate reads the stored response and replays it; if
+it aborts, the duplicate's insert wins and it runs the effect itself. A duplicate waits at most
+`IDEMPOTENCY_LOCK_WAIT_MS` (PostgreSQL `lock_timeout`), then gets 409 `idempotency-key-in-flight`.
+"""
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError, connection, transaction
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.models import IdempotencyRecord
+from config.api.errors import (
+    IdempotencyKeyInFlight,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+)
+from ledger.retry import RETRYABLE_SQLSTATES, sqlstate_of
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+LOCK_NOT_AVAILABLE = "55P03"
+MAX_KEY_LENGTH = 255
+RETRIES = 4
+
+Effect = Callable[[], tuple[int, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    status: int
+    body: Any
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder)
+
+
+def fingerprint(method: str, path: str, body: Any) -> str:
+    """sha256 over (method, path, canonical JSON body): what "the same request" means."""
+    payload = "\n".join([method.upper(), path, canonical_json(body)])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def principal_of(request: Request) -> str:
+    return f"user:{request.user.pk}"
+
+
+def key_of(request: Request) -> str:
+    key = request.headers.get(HEADER)
+    if key is None:
+        raise IdempotencyKeyMissing(f"Mutating requests need an {HEADER} header (e.g. a UUID).")
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isascii() or not key.isprintable():
+        raise IdempotencyKeyInvalid(
+            f"{HEADER} must be 1-{MAX_KEY_LENGTH} printable ASCII characters."
+        )
+    return key
+
+
+_INSERT = """
+INSERT INTO accounts_idempotencyrecord
+    (principal, key, fingerprint, state, created_at, expires_at)
+VALUES (%s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s))
+ON CONFLICT (principal, key) DO NOTHING
+RETURNING id
+"""
+
+
+def _claim(principal: str, key: str, fp: str) -> int | StoredResponse:
+    """Insert the in-flight record (returns its id) or return the stored response to replay."""
+    ttl = int(settings.IDEMPOTENCY_KEY_TTL_SECONDS)
+    wait_ms = int(settings.IDEMPOTENCY_LOCK_WAIT_MS)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = {wait_ms}")
+        cursor.execute(_INSERT, [principal, key, fp, ttl])
+        row = cursor.fetchone()
+        cursor.execute("SET LOCAL lock_timeout = DEFAULT")
+        if row is not None:
+            return int(row[0])
+    existing = (
+        IdempotencyRecord.objects.filter(principal=principal, key=key)
+        .values_list("fingerprint", "state", "response_status", "response_body")
+        .first()
+    )
+    if existing is None:  # reaped between the two statements: let the caller retry
+        raise _Vanished
+    stored_fp, state, status, body = existing
+    if stored_fp != fp:
+        raise IdempotencyKeyReused(
+            f"{HEADER} {key!r} was already used for a different request.", key=key
+        )
+    if state != "done":  # not reachable while records commit with their effect; kept as a guard
+        raise IdempotencyKeyInFlight(f"A request with {HEADER} {key!r} is still in flight.", key=key)
+    return StoredResponse(status=int(status), body=body)
+
+
+class _Vanished(Exception):
+    pass
+
+
+def run_idempotent(request: Request, effect: Effect) -> Response:
+    """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response."""
+    key = key_of(request)
+    principal = principal_of(request)
+    fp = fingerprint(request.method or "", request.path, request.data)
+    for attempt in range(1, RETRIES + 1):
+        try:
+            with transaction.atomic():
+                claimed = _claim(principal, key, fp)
+                if isinstance(claimed, StoredResponse):
+                    stored = claimed
+                else:
+                    status, body = effect()
+                    # What we store is byte-for-byte what every replay will return.
+                    body = json.loads(canonical_json(body))
+                    IdempotencyRecord.objects.filter(pk=claimed).update(
+                        state=IdempotencyRecord.State.DONE, response_status=status, response_body=body
+                    )
+                    return Response(body, status=status)
+            return Response(stored.body, status=stored.status, headers={REPLAYED_HEADER: "true"})
+        except _Vanished:
+            continue
+        except DatabaseError as error:
+            state = sqlstate_of(error)
+            if state == LOCK_NOT_AVAILABLE:
+                raise IdempotencyKeyInFlight(
+                    f"A request with {HEADER} {key!r} is still in flight; retry later.", key=key
+                ) from error
+            if state not in RETRYABLE_SQLSTATES or attempt == RETRIES:
+                raise
+            time.sleep(0.005 * 2**attempt)
+    raise IdempotencyKeyInFlight(f"A request with {HEADER} {key!r} could not be claimed.", key=key)

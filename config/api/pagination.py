@@ -1,0 +1,9 @@
+"""Page-number pagination with a bounded, client-chosen page size."""
+
+from rest_framework.pagination import PageNumberPagination
+
+
+class ApiPagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200

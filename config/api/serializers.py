@@ -1,0 +1,56 @@
+"""Strict serializer building blocks: unknown fields and loose types are 400s, never coerced."""
+
+from typing import Any
+
+from rest_framework import serializers
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown keys in the body are a 400 (a typo must never be silently ignored)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: no strings, floats or booleans."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean only: no "yes", 1 or "true"."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (DRF would turn numbers into strings); no NUL characters."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        if "\x00" in data:
+            raise serializers.ValidationError("NUL characters are not allowed.")
+        return super().to_internal_value(data)
+
+
+class StrictDateTimeField(serializers.DateTimeField):
+    def to_internal_value(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            self.fail("invalid", format="ISO 8601")
+        return super().to_internal_value(value)
+
+
+# Micro-credit amounts: positive, and far below BigInteger overflow even after summing.
+MAX_AMOUNT = 10**15

@@ -1,0 +1,1 @@
+"""Balance, journal and credit-issuance endpoints (`/api/v1/orgs/{id}/...`, `/projects/{id}/balance`)."""

@@ -1,0 +1,115 @@
+"""Shapes of balances, journal entries and credit issuance."""
+
+from rest_framework import serializers
+
+from config.api.serializers import (
+    MAX_AMOUNT,
+    StrictCharField,
+    StrictDateTimeField,
+    StrictIntegerField,
+    StrictSerializer,
+)
+from ledger.models import BucketKind, BucketSource, LedgerTransaction, Posting, TransactionKind
+
+
+class AmountsSerializer(serializers.Serializer):
+    granted = serializers.IntegerField()
+    available = serializers.IntegerField()
+    held = serializers.IntegerField()
+    spent = serializers.IntegerField()
+    expired = serializers.IntegerField()
+    voided = serializers.IntegerField()
+    spendable = serializers.IntegerField(help_text="Available in buckets that are active now.")
+
+
+class ExpiringSerializer(serializers.Serializer):
+    """Available + held in active buckets expiring within 7 and 30 days."""
+
+    def get_fields(self) -> dict:
+        return {"7d": serializers.IntegerField(), "30d": serializers.IntegerField()}
+
+
+class BucketBalanceSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=BucketKind.choices)
+    source = serializers.ChoiceField(choices=BucketSource.choices)
+    project = serializers.IntegerField(allow_null=True)
+    gpu_types = serializers.ListField(child=serializers.CharField())
+    effective_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    reference = serializers.CharField()
+    status = serializers.ChoiceField(choices=["active", "expired", "not_yet_effective"])
+    spendable = serializers.IntegerField()
+    granted = serializers.IntegerField()
+    available = serializers.IntegerField()
+    held = serializers.IntegerField()
+    spent = serializers.IntegerField()
+    expired = serializers.IntegerField()
+    voided = serializers.IntegerField()
+
+
+class BalanceSerializer(serializers.Serializer):
+    """All amounts are integer micro-credits (1 credit = 1,000,000)."""
+
+    org = serializers.IntegerField()
+    project = serializers.IntegerField(allow_null=True)
+    as_of = serializers.DateTimeField()
+    totals = AmountsSerializer()
+    paid = AmountsSerializer()
+    promotional = AmountsSerializer()
+    expiring = ExpiringSerializer()
+    buckets = BucketBalanceSerializer(many=True)
+
+
+class PostingSerializer(serializers.ModelSerializer):
+    bucket = serializers.IntegerField(source="bucket_id", allow_null=True)
+
+    class Meta:
+        model = Posting
+        fields = ["account", "bucket", "amount"]
+
+
+class TransactionSerializer(serializers.ModelSerializer):
+    hold = serializers.IntegerField(source="hold_id", allow_null=True)
+    postings = PostingSerializer(many=True)
+
+    class Meta:
+        model = LedgerTransaction
+        fields = ["id", "kind", "key", "hold", "created_at", "memo", "request_id", "postings"]
+
+
+class TransactionQuerySerializer(StrictSerializer):
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    kind = serializers.ChoiceField(required=False, choices=TransactionKind.choices)
+    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+
+
+class CreditIssueSerializer(StrictSerializer):
+    amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT, help_text="Micro-credits.")
+    kind = serializers.ChoiceField(choices=BucketKind.choices)
+    source = serializers.ChoiceField(choices=BucketSource.choices)
+    reference = StrictCharField(min_length=1, max_length=128,
+                                help_text="Finance reference (invoice, grant id); unique per org.")
+    reason = StrictCharField(min_length=1, max_length=2000)
+    effective_at = StrictDateTimeField(required=False)
+    expires_at = StrictDateTimeField(required=False)
+    project = StrictIntegerField(required=False, min_value=1, max_value=2**53,
+                                 help_text="Scope the credits to one project of the org.")
+    gpu_types = serializers.ListField(child=StrictCharField(min_length=1, max_length=32),
+                                      required=False, max_length=16, default=list)
+
+    def validate(self, attrs: dict) -> dict:
+        start, end = attrs.get("effective_at"), attrs.get("expires_at")
+        if start and end and end <= start:
+            raise serializers.ValidationError({"expires_at": ["Must be after effective_at."]})
+        return attrs
+
+
+class BucketSerializer(BucketBalanceSerializer):
+    status = None  # type: ignore[assignment]
+    spendable = None  # type: ignore[assignment]
+    project = serializers.IntegerField(source="project_id", allow_null=True)
+    reason = serializers.CharField()
+    created_at = serializers.DateTimeField()

@@ -1,0 +1,99 @@
+"""Balances, the journal and credit issuance: thin views over ledger selectors and services."""
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.selectors import (
+    get_visible_org,
+    get_visible_project,
+    require_finance,
+    require_org_reader,
+)
+from config.api.idempotency import key_of, run_idempotent
+from config.api.ratelimit import enforce_org_limit
+from ledger.api.serializers import (
+    BalanceSerializer,
+    BucketSerializer,
+    CreditIssueSerializer,
+    TransactionQuerySerializer,
+    TransactionSerializer,
+)
+from ledger.models import TransactionKind
+from ledger.selectors import balance_breakdown, org_transactions
+from ledger.services import issue_credits
+
+
+class OrgBalanceView(GenericAPIView):
+    serializer_class = BalanceSerializer
+
+    @extend_schema(operation_id="orgs_balance", responses=BalanceSerializer)
+    def get(self, request: Request, org_id: int) -> Response:
+        org = get_visible_org(request.user, org_id)
+        require_org_reader(request.user, org)
+        enforce_org_limit(request, org_id=org.pk, scope="default")
+        return Response(BalanceSerializer(balance_breakdown(org=org)).data)
+
+
+class ProjectBalanceView(GenericAPIView):
+    serializer_class = BalanceSerializer
+
+    @extend_schema(operation_id="projects_balance", responses=BalanceSerializer,
+                   description="What the project can spend: its own buckets and the org-wide ones.")
+    def get(self, request: Request, project_id: int) -> Response:
+        project = get_visible_project(request.user, project_id)
+        enforce_org_limit(request, org_id=project.org_id, scope="default")
+        return Response(BalanceSerializer(balance_breakdown(org=project.org, project=project)).data)
+
+
+class OrgTransactionsView(GenericAPIView):
+    serializer_class = TransactionSerializer
+
+    @extend_schema(
+        operation_id="orgs_transactions",
+        parameters=[
+            OpenApiParameter("since", str, description="ISO 8601, inclusive."),
+            OpenApiParameter("until", str, description="ISO 8601, exclusive."),
+            OpenApiParameter("kind", str, enum=list(TransactionKind.values)),
+            OpenApiParameter("page", int), OpenApiParameter("page_size", int),
+        ],
+        responses=TransactionSerializer(many=True),
+    )
+    def get(self, request: Request, org_id: int) -> Response:
+        org = get_visible_org(request.user, org_id)
+        require_org_reader(request.user, org)
+        enforce_org_limit(request, org_id=org.pk, scope="default")
+        query = TransactionQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = {k: query.validated_data.get(k) for k in ("since", "until", "kind")}
+        journal = org_transactions(org=org, **filters)
+        page = self.paginate_queryset(journal)
+        return self.get_paginated_response(TransactionSerializer(page, many=True).data)
+
+
+class OrgCreditsView(GenericAPIView):
+    serializer_class = BucketSerializer
+    rate_limit_scope = "finance"
+
+    @extend_schema(operation_id="orgs_credits_issue", request=CreditIssueSerializer,
+                   responses={201: BucketSerializer},
+                   description="Finance only: issue a purchase, grant or promotion as a new bucket.")
+    def post(self, request: Request, org_id: int) -> Response:
+        key_of(request)
+        org = get_visible_org(request.user, org_id)
+        require_finance(request.user)
+        body = CreditIssueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        project = None
+        if "project" in data:
+            project = get_visible_project(request.user, data.pop("project"))
+
+        def effect() -> tuple[int, Any]:
+            bucket = issue_credits(org=org, project=project, actor=request.user, **data)
+            return 201, BucketSerializer(bucket).data
+
+        return run_idempotent(request, effect)

@@ -1,0 +1,1 @@
+"""Jobs API (`/api/v1/jobs`)."""

@@ -1,0 +1,87 @@
+"""Job submission input (strict) and job output shapes."""
+
+from rest_framework import serializers
+
+from config.api.serializers import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
+from ledger.models import Hold
+from scheduling.models import Job, JobAttempt
+
+MAX_GPU_COUNT = 1024
+MAX_WALL_SECONDS = 30 * 24 * 3600
+MAX_GPU_MEMORY_GB = 4096
+
+
+class JobSubmitSerializer(StrictSerializer):
+    project = StrictIntegerField(min_value=1, max_value=2**53)
+    name = StrictCharField(min_length=1, max_length=200)
+    gpu_types = serializers.ListField(
+        child=StrictCharField(min_length=1, max_length=32), min_length=1, max_length=8,
+        help_text="Acceptable GPU types in order of preference, e.g. [\"H100\", \"A100\"].",
+    )
+    gpu_count = StrictIntegerField(min_value=1, max_value=MAX_GPU_COUNT)
+    gpu_memory_gb = StrictIntegerField(min_value=0, max_value=MAX_GPU_MEMORY_GB, default=0,
+                                       help_text="Per-GPU memory floor.")
+    max_wall_seconds = StrictIntegerField(min_value=1, max_value=MAX_WALL_SECONDS)
+    priority_class = StrictCharField(min_length=1, max_length=32)
+    preemptible = StrictBooleanField(
+        required=False,
+        help_text="Defaults to the priority class's policy; false only for non-preemptible classes.",
+    )
+    command = StrictCharField(required=False, allow_blank=True, max_length=4096, default="")
+    regions = serializers.ListField(
+        child=StrictCharField(min_length=1, max_length=32), required=False, max_length=16, default=list
+    )
+
+
+class HoldSummarySerializer(serializers.ModelSerializer):
+    remaining = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Hold
+        fields = ["id", "state", "authorized", "captured", "released", "remaining", "created_at",
+                  "settled_at"]
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    gpu_type = serializers.CharField(source="gpu_type.name", read_only=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = ["number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour", "scheduled_at",
+                  "started_at", "ended_at", "stop_reason", "outcome", "exit_code", "backfilled"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    priority_class = serializers.CharField(source="priority_class.name", read_only=True)
+    project = serializers.IntegerField(source="project_id", read_only=True)
+    org = serializers.IntegerField(source="org_id", read_only=True)
+    user = serializers.IntegerField(source="user_id", read_only=True)
+    hold = HoldSummarySerializer(source="current_hold", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
+                  "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
+                  "regions", "wait_reason", "wait_detail", "end_reason", "estimate", "hold",
+                  "attempt_count", "submitted_at", "updated_at", "finished_at"]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(JobSerializer):
+    attempts = AttemptSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "attempts"]
+        read_only_fields = fields
+
+
+class JobListQuerySerializer(StrictSerializer):
+    project = serializers.IntegerField(required=False, min_value=1, max_value=2**53)
+    state = serializers.ChoiceField(required=False, choices=Job._meta.get_field("state").choices)
+    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)

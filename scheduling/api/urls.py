@@ -1,0 +1,11 @@
+"""`/api/v1/jobs` routes."""
+
+from django.urls import path
+
+from scheduling.api.views import JobCancelView, JobDetailView, JobListCreateView
+
+urlpatterns = [
+    path("jobs", JobListCreateView.as_view(), name="jobs"),
+    path("jobs/<int:job_id>", JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<int:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
+]

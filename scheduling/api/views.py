@@ -1,0 +1,128 @@
+"""Jobs endpoints: thin views over `submit_job` / `cancel_job` and tenancy-scoped reads."""
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.selectors import can_submit, get_visible_project, visible_projects
+from config.api.idempotency import key_of, run_idempotent
+from config.api.ratelimit import enforce_org_limit, inflight_slot
+from scheduling.api.serializers import (
+    JobDetailSerializer,
+    JobListQuerySerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+)
+from scheduling.models import Job, JobState
+from scheduling.services.lifecycle import cancel_job
+from scheduling.services.submission import JobSpec, submit_job
+
+
+def visible_jobs(user: Any) -> QuerySet[Job]:
+    return Job.objects.filter(project__in=visible_projects(user)).select_related(
+        "priority_class", "current_hold"
+    )
+
+
+def get_visible_job(user: Any, job_id: int) -> Job:
+    job = visible_jobs(user).filter(pk=job_id).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+class JobListCreateView(GenericAPIView):
+    serializer_class = JobSerializer
+
+    def get_throttles(self) -> list:
+        self.rate_limit_scope = "jobs-submit" if self.request.method == "POST" else "jobs-read"
+        return super().get_throttles()
+
+    @extend_schema(
+        operation_id="jobs_list",
+        parameters=[
+            OpenApiParameter("project", int, description="Only jobs of this project."),
+            OpenApiParameter("state", str, enum=list(JobState.values)),
+            OpenApiParameter("page", int), OpenApiParameter("page_size", int),
+        ],
+        responses=JobSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        query = JobListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        jobs = visible_jobs(request.user).order_by("-submitted_at", "-id")
+        if project := query.validated_data.get("project"):
+            jobs = jobs.filter(project_id=project)
+        if state := query.validated_data.get("state"):
+            jobs = jobs.filter(state=state)
+        page = self.paginate_queryset(jobs)
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="jobs_submit",
+        request=JobSubmitSerializer,
+        responses={201: JobDetailSerializer},
+        description="Validate, price and hold credits for a job, and queue it — one transaction.",
+    )
+    def post(self, request: Request) -> Response:
+        key = key_of(request)
+        body = JobSubmitSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        project = get_visible_project(request.user, data["project"])
+        enforce_org_limit(request, org_id=project.org_id, scope="jobs-submit")
+        spec = JobSpec(
+            name=data["name"], gpu_types=tuple(data["gpu_types"]), gpu_count=data["gpu_count"],
+            gpu_memory_gb=data["gpu_memory_gb"], max_wall_seconds=data["max_wall_seconds"],
+            priority_class=data["priority_class"], preemptible=data.get("preemptible"),
+            command=data["command"], regions=tuple(data["regions"]),
+        )
+
+        def effect() -> tuple[int, Any]:
+            job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key)
+            return 201, JobDetailSerializer(job).data
+
+        with inflight_slot(org_id=project.org_id, cap=project.org.max_inflight_submissions):
+            return run_idempotent(request, effect)
+
+
+class JobDetailView(GenericAPIView):
+    serializer_class = JobDetailSerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(operation_id="jobs_retrieve", responses=JobDetailSerializer)
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_visible_job(request.user, job_id)
+        return Response(JobDetailSerializer(job).data)
+
+
+class JobCancelView(GenericAPIView):
+    serializer_class = JobDetailSerializer
+    rate_limit_scope = "jobs-submit"
+
+    @extend_schema(
+        operation_id="jobs_cancel", request=None, responses=JobDetailSerializer,
+        description="Cancel a job (idempotent). A queued job's hold is released at once; a "
+        "running one is stopped and becomes cancelled when its agent reports the exit.",
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        key_of(request)
+        if request.data:
+            raise ValidationError({"non_field_errors": ["Cancel takes no body."]})
+        job = get_visible_job(request.user, job_id)
+        if not can_submit(request.user, job.project):
+            raise PermissionDenied("Only project members (or org owners/admins) may cancel jobs.")
+        enforce_org_limit(request, org_id=job.org_id, scope="jobs-submit")
+
+        def effect() -> tuple[int, Any]:
+            cancel_job(job=job, actor=request.user)
+            fresh = visible_jobs(request.user).prefetch_related("attempts__gpu_type").get(pk=job.pk)
+            return 200, JobDetailSerializer(fresh).data
+
+        return run_idempotent(request, effect)

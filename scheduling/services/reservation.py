@@ -1,0 +1,64 @@
+"""Pricing and placing a job's hold: budgets at every level, then the funds (DESIGN.md §4-§6)."""
+
+from django.db import transaction
+
+from budgets.services import precheck_budgets, reserve_budgets
+from config.errors import DomainError
+from ledger.models import Hold
+from ledger.services import place_hold
+from scheduling.models import GpuType, Job
+from scheduling.pricing import hold_amount
+
+
+class NoEligibleGpuType(DomainError):
+    """None of the job's acceptable GPU types meets its per-GPU memory floor."""
+
+    type = "validation-error"
+    status = 400
+    title = "No acceptable GPU type"
+
+
+def eligible_gpu_types(job: Job) -> list[str]:
+    """The job's acceptable types (in preference order) whose memory meets its floor."""
+    memory = dict(GpuType.objects.filter(name__in=job.gpu_types).values_list("name", "memory_gb"))
+    eligible = [name for name in job.gpu_types if memory.get(name, -1) >= job.gpu_memory_gb]
+    if not eligible:
+        raise NoEligibleGpuType(
+            f"No GPU type in {job.gpu_types} has {job.gpu_memory_gb} GB per GPU.",
+            errors={"gpu_memory_gb": ["No acceptable GPU type has this much memory per GPU."]},
+        )
+    return eligible
+
+
+def hold_seconds(job: Job) -> int:
+    """Max wall time, or the org's hold window when that is shorter (renewed as the job runs)."""
+    window = job.org.hold_window_seconds
+    return min(job.max_wall_seconds, window) if window else job.max_wall_seconds
+
+
+def price_job_hold(job: Job, gpu_types: list[str] | None = None) -> int:
+    return hold_amount(
+        gpu_types=gpu_types or eligible_gpu_types(job), gpu_count=job.gpu_count, seconds=hold_seconds(job)
+    )
+
+
+@transaction.atomic
+def reserve_job_hold(*, job: Job, key: str) -> Hold:
+    """Price the job's hold, check every budget level, then hold the funds; idempotent by key.
+
+    Lock order: the caller holds the job; budget periods (org, project, member) are locked and
+    checked here before `place_hold` locks buckets. Raises BudgetExceeded or InsufficientCredits.
+    """
+    existing = Hold.objects.filter(org_id=job.org_id, key=key).first()
+    if existing is not None:
+        return existing
+    types = eligible_gpu_types(job)
+    amount = price_job_hold(job, types)
+    prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount)
+    hold = place_hold(
+        org=job.org, amount=amount, key=key, project=job.project, user=job.user,
+        gpu_types=types, reference=f"job:{job.pk}", actor=job.user,
+    )
+    reserve_budgets(hold=hold, org=job.org, project=job.project, user=job.user, amount=amount,
+                    prechecked=prechecked)
+    return hold

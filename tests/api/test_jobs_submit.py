@@ -1,0 +1,222 @@
+"""POST /api/v1/jobs: the contract, pricing of the hold, and every rejection writes nothing."""
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent
+from budgets.models import BudgetPeriod
+from ledger.models import MICRO, Hold, HoldState
+from scheduling.models import Job
+from tests.api.conftest import A100_PRICE, H100_PRICE, client_for
+from tests.api.factories import Tenant, add_member
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api: APIClient, body: Any, key: str | None = "auto", **extra: Any) -> Any:
+    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": uuid.uuid4().hex if key == "auto" else key}
+    return api.post("/api/v1/jobs", body, format="json", **headers, **extra)
+
+
+def nothing_written() -> None:
+    assert Job.objects.count() == 0
+    assert Hold.objects.count() == 0
+
+
+def test_submit_returns_job_hold_and_estimate(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    response = post(api, job_body())
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    # 2 GPUs x 1 h x the highest price among acceptable types (H100).
+    expected = 2 * H100_PRICE
+    assert body["state"] == "queued"
+    assert body["estimate"] == expected
+    assert body["hold"]["authorized"] == expected and body["hold"]["state"] == "active"
+    assert body["attempts"] == [] and body["priority_class"] == "standard"
+    job = Job.objects.get(pk=body["id"])
+    assert job.current_hold_id == body["hold"]["id"] and job.user == tenant.user
+    assert AuditEvent.objects.filter(action="sched.job.submit", subject_id=str(job.pk)).exists()
+
+
+def test_hold_skips_types_below_memory_floor(api: APIClient, job_body: Callable) -> None:
+    # A100 (40 GB) meets 40 GB; with a 64 GB floor only H100 counts; L4 never does.
+    response = post(api, job_body(gpu_types=["A100", "L4"], gpu_memory_gb=24, gpu_count=1))
+    assert response.json()["estimate"] == A100_PRICE
+    response = post(api, job_body(gpu_types=["L4"], gpu_memory_gb=64))
+    assert response.status_code == 400
+    assert response.json()["type"] == "validation-error"
+    assert "gpu_memory_gb" in response.json()["errors"]
+
+
+def test_hold_covers_only_the_org_hold_window(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    tenant.org.hold_window_seconds = 900
+    tenant.org.save()
+    response = post(api, job_body(max_wall_seconds=10 * 3600, gpu_count=1))
+    assert response.json()["estimate"] == H100_PRICE // 4
+
+
+def test_cost_rounds_up(api: APIClient, job_body: Callable) -> None:
+    response = post(api, job_body(gpu_types=["A100"], gpu_count=1, max_wall_seconds=1))
+    # ceil(1000 ms * 2.5e6 / 3.6e6) = ceil(694.4) = 695
+    assert response.json()["estimate"] == 695
+
+
+def test_insufficient_credits_is_402_with_needed_and_available(
+    api: APIClient, job_body: Callable
+) -> None:
+    response = post(api, job_body(gpu_count=1000, max_wall_seconds=3600))
+    assert response.status_code == 402
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == "insufficient-credits"
+    assert body["needed"] == 1000 * H100_PRICE and body["available"] == 1000 * MICRO
+    nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"gpu_count": 0}, "gpu_count"),
+        ({"gpu_count": 10**9}, "gpu_count"),
+        ({"gpu_count": "2"}, "gpu_count"),
+        ({"gpu_count": 2.5}, "gpu_count"),
+        ({"max_wall_seconds": -5}, "max_wall_seconds"),
+        ({"gpu_memory_gb": -1}, "gpu_memory_gb"),
+        ({"name": "x" * (1 << 20)}, None),
+        ({"name": ""}, "name"),
+        ({"name": 12}, "name"),
+        ({"gpu_types": []}, "gpu_types"),
+        ({"gpu_types": "H100"}, "gpu_types"),
+        ({"gpu_types": ["TPU"]}, "gpu_types"),
+        ({"priority_class": "vip"}, "priority_class"),
+        ({"preemptible": "no"}, "preemptible"),
+        ({"preemptible": False}, "preemptible"),  # standard is a preemptible class
+        ({"regions": ["mars"]}, "regions"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+def test_invalid_bodies_are_400_and_write_nothing(
+    api: APIClient, job_body: Callable, overrides: dict, field: str | None
+) -> None:
+    response = post(api, job_body(**overrides))
+    assert response.status_code == 400, response.json()
+    body = response.json()
+    assert body["type"] == "validation-error"
+    if field:
+        assert field in body["errors"]
+    nothing_written()
+
+
+def test_non_preemptible_allowed_for_production(api: APIClient, job_body: Callable) -> None:
+    response = post(api, job_body(priority_class="production", preemptible=False))
+    assert response.status_code == 201 and response.json()["preemptible"] is False
+    default = post(api, job_body(priority_class="production"))
+    assert default.json()["preemptible"] is False
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"null", b'{"gpu_count": NaN}'])
+def test_malformed_json_is_400(api: APIClient, raw: bytes) -> None:
+    response = api.post("/api/v1/jobs", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 400
+    assert response.json()["type"] == "validation-error"
+    nothing_written()
+
+
+def test_wrong_content_type_is_415(api: APIClient) -> None:
+    response = api.post("/api/v1/jobs", "a=b", content_type="application/x-www-form-urlencoded",
+                        HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 415
+    assert response.json()["type"] == "unsupported-media-type"
+
+
+def test_missing_idempotency_key_is_400(api: APIClient, job_body: Callable) -> None:
+    response = post(api, job_body(), key=None)
+    assert response.status_code == 400
+    assert response.json()["type"] == "idempotency-key-missing"
+    nothing_written()
+
+
+def test_replay_returns_stored_response(api: APIClient, job_body: Callable) -> None:
+    first = post(api, job_body(), key="same")
+    again = post(api, job_body(), key="same")
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert again.json() == first.json()
+    assert Job.objects.count() == 1 and Hold.objects.count() == 1
+
+
+def test_same_key_different_body_is_422(api: APIClient, job_body: Callable) -> None:
+    post(api, job_body(), key="same")
+    response = post(api, job_body(name="other"), key="same")
+    assert response.status_code == 422
+    assert response.json()["type"] == "idempotency-key-reused"
+    assert Job.objects.count() == 1
+
+
+def test_keys_are_per_caller(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    other = client_for(add_member(tenant.project))
+    assert post(api, job_body(), key="shared").status_code == 201
+    assert post(other, job_body(), key="shared").status_code == 201
+    assert Job.objects.count() == 2
+
+
+def test_failed_request_does_not_consume_its_key(api: APIClient, job_body: Callable) -> None:
+    assert post(api, job_body(gpu_count=1000), key="k1").status_code == 402
+    assert post(api, job_body(gpu_count=1), key="k1").status_code == 201
+
+
+def test_viewer_may_not_submit(tenant: Tenant, job_body: Callable) -> None:
+    viewer = client_for(add_member(tenant.project, role="viewer"))
+    response = post(viewer, job_body())
+    assert response.status_code == 403
+    assert response.json()["type"] == "permission-denied"
+    nothing_written()
+
+
+def test_org_admin_may_submit_without_project_membership(tenant: Tenant, job_body: Callable) -> None:
+    assert post(client_for(tenant.admin), job_body()).status_code == 201
+
+
+def test_hard_budget_rejects_naming_the_level(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    admin = client_for(tenant.admin)
+    put = admin.put(f"/api/v1/projects/{tenant.project.pk}/budget",
+                    {"period": "month", "limit": 3 * H100_PRICE, "enforcement": "hard"},
+                    format="json", HTTP_IDEMPOTENCY_KEY="b1")
+    assert put.status_code == 201, put.json()
+    assert post(api, job_body(gpu_count=2)).status_code == 201
+    response = post(api, job_body(gpu_count=2))
+    assert response.status_code == 402
+    body = response.json()
+    assert body["type"] == "budget-exceeded" and body["level"] == "project"
+    assert body["limit"] == 3 * H100_PRICE and body["used"] == 2 * H100_PRICE
+    assert Job.objects.count() == 1
+
+
+def test_soft_budget_accepts_and_alerts(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    client_for(tenant.admin).put(f"/api/v1/orgs/{tenant.org.pk}/budget",
+                                 {"period": "month", "limit": 1, "enforcement": "soft"},
+                                 format="json", HTTP_IDEMPOTENCY_KEY="b1")
+    assert post(api, job_body()).status_code == 201
+    alert = AuditEvent.objects.get(action="budget.soft_limit_exceeded")
+    assert alert.data["level"] == "org" and alert.org_id == tenant.org.pk
+    assert BudgetPeriod.objects.get().held == 2 * H100_PRICE
+
+
+def test_body_size_is_capped(api: APIClient) -> None:
+    raw = json.dumps({"name": "x" * 200_000}).encode()
+    response = api.post("/api/v1/jobs", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 400
+    assert response.json()["max_bytes"] == 64 * 1024
+
+
+def test_released_hold_stops_counting(api: APIClient, job_body: Callable) -> None:
+    job_id = post(api, job_body()).json()["id"]
+    cancel = api.post(f"/api/v1/jobs/{job_id}/cancel", format="json", HTTP_IDEMPOTENCY_KEY="c1")
+    assert cancel.status_code == 200, cancel.json()
+    assert cancel.json()["state"] == "cancelled"
+    assert Hold.objects.get().state == HoldState.SETTLED
