@@ -137,9 +137,9 @@ class Runner:
     # -- commands from the main loop ---------------------------------------------------------
 
     def start(self, spec: StartSpec) -> bool:
-        """Spawn the attempt; False if it already runs (``start`` is idempotent)."""
+        """Spawn the attempt; False if it runs or has just exited (``start`` is idempotent)."""
         with self._lock:
-            if spec.attempt_id in self._running:
+            if self._known(spec.attempt_id):
                 return False
             env = dict(os.environ)
             for name in _PRIVATE_ENV:
@@ -181,11 +181,11 @@ class Runner:
         return True
 
     def stop(self, request: StopRequest) -> bool:
-        """SIGTERM now, SIGKILL after the grace; False if the attempt is not running here."""
+        """SIGTERM now, SIGKILL after the grace; False if this runner never had the attempt."""
         with self._lock:
             running = self._running.get(request.attempt_id)
             if running is None:
-                return False
+                return self._known(request.attempt_id)
             if running.outcome is None:
                 self._terminate(running, request.reason, request.grace_seconds)
             return True
@@ -265,6 +265,12 @@ class Runner:
             alog(log, logging.ERROR, attempt_id, "still alive after SIGKILL; not reported")
 
     # -- internals (caller holds the lock) ---------------------------------------------------
+
+    def _known(self, attempt_id: int) -> bool:
+        # An attempt that exited but whose exit the loop has not collected yet still counts as
+        # ours: without this a repeated start would spawn it again, and a late stop would be
+        # mistaken for one about an attempt that never ran here.
+        return attempt_id in self._running or any(e.attempt_id == attempt_id for e in self._exits)
 
     def _terminate(self, running: _Running, outcome: str, grace: float) -> None:
         running.outcome = outcome

@@ -13,7 +13,7 @@ from agent.__main__ import build_parser
 from agent.client import ApiClient, Outcome, backoff_delay, classify, parse_retry_after
 from agent.gpus import FakeSampler, GpuError, discover, parse_fake_gpus, short_model
 from agent.outbox import Outbox
-from agent.runner import ExitRecord
+from agent.runner import ExitRecord, Runner, StartSpec, StopRequest
 
 
 def test_fake_gpus_spec_and_memory():
@@ -178,3 +178,17 @@ def test_cli_flags():
     assert (args.nvlink_domain, args.ib_group, str(args.state_dir)) == ("d", "g", "/tmp/x")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--server", "http://s", "--heartbeat-interval", "0"])
+
+
+def test_runner_remembers_an_exited_attempt_until_its_exit_is_collected(wait_for):
+    # The supervisor thread can reap a job between two polls of the main loop; a repeated start in
+    # that window must not spawn it again, and a late stop must not be taken for a stranger.
+    runner = Runner(timeout_grace=0.1)
+    spec = StartSpec(attempt_id=1, job_id=2, command="true", gpu_indices=(0,), max_wall_seconds=10)
+    assert runner.start(spec)
+    wait_for(lambda: (runner.supervise_once(), not runner.is_running(1))[1], what="job reaped")
+    assert not runner.start(spec)
+    assert runner.stop(StopRequest(1, "cancelled", 1.0))
+    (record,) = runner.take_exits()
+    assert (record.attempt_id, record.outcome, record.exit_code, record.seq) == (1, "completed", 0, 1)
+    assert not runner.stop(StopRequest(1, "cancelled", 1.0))
