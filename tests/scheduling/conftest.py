@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import Region
+from config.clock import db_now
 from ledger.models import Hold
 from scheduling.models import (
     AttemptState,
@@ -114,7 +115,7 @@ def make_attempt(fleet: dict[str, Any]) -> Callable[..., JobAttempt]:
             "job": job, "number": job.attempt_count, "org_id": job.org_id, "state": state,
             "gpu_type": fleet["h100"], "gpu_count": job.gpu_count,
             "rate_per_gpu_hour": H100_PRICE, "hold": job.current_hold,
-            "scheduled_at": timezone.now(),
+            "scheduled_at": db_now(),  # the DB clock, as the writer uses (stable in a test transaction)
         }
         fields.update(kw)
         return JobAttempt.objects.create(**fields)
