@@ -7,7 +7,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Services the tests use on localhost (the development and CI machines run them).
 TEST_ENV := DJANGO_SETTINGS_MODULE=config.settings.test
 
-.PHONY: run test lint check venv clean services
+.PHONY: run test lint check venv clean services browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,12 +32,16 @@ services:
 	@pg_isready -h 127.0.0.1 -p 5432 -q || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
 	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
+# Headless Chromium for the browser tests, from Debian packages (never a Playwright download).
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(TEST_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
 
 # The whole suite on PostgreSQL and Redis on localhost, plus ruff and the migrations check.
-test: venv services lint
+test: venv services browser lint
 	$(TEST_ENV) $(BIN)/python -m pytest -q
 
 clean:

@@ -15,6 +15,12 @@ app.autodiscover_tasks()
 
 # Every periodic job, in one place. Each task is idempotent and safe to run twice at once.
 app.conf.beat_schedule = {
+    # Live dashboard push; a missed tick is harmless (the next one, or the consumer's pull, follows).
+    "portal-dashboard-snapshot": {
+        "task": "portal.tasks.broadcast_dashboard",
+        "schedule": 5.0,
+        "options": {"expires": 5},
+    },
     # Scheduler: one pass per tick under a leader lock (a duplicate beat returns at once).
     "scheduling-tick": {
         "task": "scheduling.tasks.scheduler_tick",

@@ -1,3 +1,5 @@
 """WebSocket routes (Channels)."""
 
-websocket_urlpatterns: list = []
+from portal.routing import websocket_urlpatterns as portal_websockets
+
+websocket_urlpatterns: list = [*portal_websockets]

@@ -14,4 +14,5 @@ urlpatterns = [
     path("api/v1/", include("config.api_urls")),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
+    path("", include("portal.urls")),
 ]

@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "budgets",
     "scheduling",
     "metering",
+    "portal",
 ]
 
 MIDDLEWARE = [
@@ -70,7 +71,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
 LOGGING = {

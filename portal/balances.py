@@ -1,0 +1,156 @@
+"""View-models of the balance page, built from `ledger.selectors.balance_breakdown`.
+
+This module only reshapes the selector's numbers for display (labels, chart geometry); the
+balance maths lives in the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from accounts.models import Organization, Project
+from ledger.selectors import balance_breakdown
+from portal.access import OrgView
+from portal.charts import Segment, stacked_bar
+
+COLUMNS = ("available", "held", "spent", "expired", "voided")
+LABELS = {
+    "available": "Available",
+    "held": "Held",
+    "spent": "Spent",
+    "expired": "Expired",
+    "voided": "Voided",
+}
+KIND_LABELS = {"paid": "Paid", "promotional": "Promotional"}
+SOON = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class Amounts:
+    """available / held / spent / expired / voided in micro-credits."""
+
+    available: int = 0
+    held: int = 0
+    spent: int = 0
+    expired: int = 0
+    voided: int = 0
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Amounts:
+        return cls(**{column: int(data.get(column, 0)) for column in COLUMNS})
+
+    def segments(self) -> list[Segment]:
+        return stacked_bar([(column, LABELS[column], getattr(self, column)) for column in COLUMNS])
+
+
+@dataclass(frozen=True)
+class KindRow:
+    key: str
+    label: str
+    amounts: Amounts
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    """One bucket as the page lists it."""
+
+    id: int
+    kind: str
+    source: str
+    scope: str
+    status: str  # active | expired | not_yet_effective (as the selector reports it)
+    expires_at: datetime | None
+    expires_soon: bool
+    granted: int
+    available: int
+    held: int
+    spent: int
+    segments: list[Segment]
+
+    @property
+    def status_label(self) -> str:
+        return self.status.replace("_", " ")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One balance breakdown (a whole org, or one project) ready to render."""
+
+    key: str
+    title: str
+    subtitle: str
+    totals: Amounts
+    kinds: list[KindRow]
+    expiring_7d: int
+    expiring_30d: int
+    buckets: list[BucketRow]
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OrgBalance:
+    org: Organization
+    role: str
+    panels: list[Panel]
+
+
+def _bucket_row(row: dict[str, Any], *, as_of: datetime, project_slugs: dict[int, str]) -> BucketRow:
+    amounts = Amounts.of(row)
+    expires_at = row["expires_at"]
+    return BucketRow(
+        id=row["id"],
+        kind=row["kind"],
+        source=row["source"],
+        scope=project_slugs.get(row["project"], "") if row["project"] else "",
+        status=row["status"],
+        expires_at=expires_at,
+        expires_soon=row["status"] == "active" and expires_at is not None and expires_at <= as_of + SOON,
+        granted=row["granted"],
+        available=amounts.available,
+        held=amounts.held,
+        spent=amounts.spent,
+        segments=amounts.segments(),
+    )
+
+
+def _panel(
+    *, key: str, title: str, subtitle: str, data: dict[str, Any], project_slugs: dict[int, str]
+) -> Panel:
+    totals = Amounts.of(data["totals"])
+    return Panel(
+        key=key,
+        title=title,
+        subtitle=subtitle,
+        totals=totals,
+        kinds=[
+            KindRow(key=kind, label=label, amounts=Amounts.of(data[kind]))
+            for kind, label in KIND_LABELS.items()
+        ],
+        expiring_7d=data["expiring"]["7d"],
+        expiring_30d=data["expiring"]["30d"],
+        buckets=[
+            _bucket_row(row, as_of=data["as_of"], project_slugs=project_slugs) for row in data["buckets"]
+        ],
+        segments=totals.segments(),
+    )
+
+
+def org_balances(view: OrgView) -> OrgBalance:
+    """The panels a user sees for one org: the whole org (members), then each of their projects."""
+    slugs = dict(Project.objects.filter(org=view.org).values_list("id", "slug"))
+    panels = []
+    if view.sees_whole_org:
+        panels.append(
+            _panel(key=f"org-{view.org.slug}", title="Whole organization",
+                   subtitle="every bucket of the org, project-scoped ones included",
+                   data=balance_breakdown(org=view.org), project_slugs=slugs)
+        )
+    for project in view.projects:
+        panels.append(
+            _panel(key=f"project-{view.org.slug}-{project.slug}", title=f"Project {project.name}",
+                   subtitle="what this project can spend: its own buckets and the org-wide ones",
+                   data=balance_breakdown(org=view.org, project=project), project_slugs=slugs)
+        )
+    return OrgBalance(org=view.org, role=view.role, panels=panels)

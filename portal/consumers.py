@@ -1,0 +1,103 @@
+"""The live dashboard's WebSocket: session-authenticated, scoped per viewer, push + pull.
+
+Push: the `portal.tasks.broadcast_dashboard` beat task builds one snapshot every few seconds and
+`group_send`s it to DASHBOARD_GROUP (works across processes with channels_redis).
+Pull: on connect, and every `pull_interval_seconds()` without a push, the consumer builds the
+snapshot itself. With the in-memory channel layer (the embedded mode) the beat process cannot
+reach this process, so pulling is what keeps the page live there.
+"""
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
+
+from portal import dashboard
+from portal.access import DashboardScope, dashboard_scope
+
+DASHBOARD_GROUP = "portal.dashboard"
+DASHBOARD_WS_PATH = "/ws/dashboard/"
+# WebSocket close codes in the application range: not signed in / not allowed.
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+def pull_interval_seconds() -> float:
+    """Seconds between pulls when no push arrived; 0 = pull on connect only.
+
+    Setting PORTAL_DASHBOARD_PULL_SECONDS wins; otherwise pull every 5 s on an in-memory channel
+    layer (no cross-process push) and rely on push (every few seconds) with a shared layer.
+    """
+    configured = getattr(settings, "PORTAL_DASHBOARD_PULL_SECONDS", None)
+    if configured is not None:
+        return float(configured)
+    return 5.0 if isinstance(get_channel_layer(), InMemoryChannelLayer) else 0.0
+
+
+@database_sync_to_async
+def _scope_of(user: Any) -> DashboardScope | None:
+    return dashboard_scope(user)
+
+
+@database_sync_to_async
+def _build_snapshot() -> dashboard.Snapshot:
+    return dashboard.build_snapshot()
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    """Sends `{"type": "snapshot", "snapshot": {...}}` messages, cut down to the viewer's orgs."""
+
+    scope_filter: DashboardScope | None = None
+    _pull_task: asyncio.Task | None = None
+    _last_sent = 0.0
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.scope_filter = await _scope_of(user)
+        if self.scope_filter is None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        await self.accept()
+        await self._send_snapshot(await _build_snapshot())
+        interval = pull_interval_seconds()
+        if interval > 0:
+            self._pull_task = asyncio.create_task(self._pull_loop(interval))
+
+    async def disconnect(self, code: int) -> None:
+        if self._pull_task is not None:
+            self._pull_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pull_task
+        if self.scope_filter is not None:
+            await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # The page may ask for a fresh snapshot (e.g. after the tab was hidden); nothing else.
+        if isinstance(content, dict) and content.get("type") == "refresh":
+            await self._send_snapshot(await _build_snapshot())
+
+    async def dashboard_snapshot(self, event: dict[str, Any]) -> None:
+        """Handler of the beat task's group message (type "dashboard.snapshot")."""
+        await self._send_snapshot(event["snapshot"])
+
+    async def _pull_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - self._last_sent >= interval:
+                await self._send_snapshot(await _build_snapshot())
+
+    async def _send_snapshot(self, snapshot: dashboard.Snapshot) -> None:
+        assert self.scope_filter is not None
+        self._last_sent = time.monotonic()
+        await self.send_json(
+            {"type": "snapshot", "snapshot": dashboard.for_scope(snapshot, self.scope_filter)}
+        )

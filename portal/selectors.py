@@ -1,0 +1,92 @@
+"""Read-only queries behind the pages (the balance math itself lives in ledger.selectors)."""
+
+from datetime import timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Case, Count, IntegerField, Q, QuerySet, Sum, When
+from django.db.models.functions import TruncMinute
+
+from config.clock import db_now
+from ledger.models import Account, Posting
+from scheduling.models import (
+    TERMINAL_JOB_STATES,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobState,
+    Node,
+)
+
+LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.RUNNING)
+
+
+def user_jobs(*, user: AbstractBaseUser, limit: int = 50) -> QuerySet[Job]:
+    """The user's jobs, live and waiting ones first, then the most recent."""
+    unfinished = Case(
+        When(state__in=TERMINAL_JOB_STATES, then=1), default=0, output_field=IntegerField()
+    )
+    return (
+        Job.objects.filter(user=user)
+        .select_related("org", "project", "priority_class")
+        .annotate(finished=unfinished)
+        .order_by("finished", "-submitted_at", "-id")[:limit]
+    )
+
+
+def running_attempts(*, limit: int = 200) -> QuerySet[JobAttempt]:
+    """Live attempts (placed, running or stopping) with their job, org and usage."""
+    return (
+        JobAttempt.objects.exclude(state=AttemptState.ENDED)
+        .select_related("job__org", "job__project", "job__user", "gpu_type", "usage")
+        .order_by("scheduled_at", "id")[:limit]
+    )
+
+
+def node_usage() -> QuerySet[Node]:
+    """Every node with its allocated GPU count and the mean reported utilization of its jobs."""
+    live = Q(allocations__released_at__isnull=True)
+    return (
+        Node.objects.select_related("gpu_type")
+        .annotate(allocated=Count("allocations", filter=live))
+        .order_by("gpu_type__name", "name")
+    )
+
+
+def node_utilization() -> dict[int, float]:
+    """Mean telemetry utilization (0-100 %) per node over its live allocations."""
+    rows: dict[int, list[float]] = {}
+    allocations = Allocation.objects.filter(
+        released_at__isnull=True, attempt__usage__gpu_utilization__isnull=False
+    ).values_list("node_id", "attempt__usage__gpu_utilization")
+    for node_id, utilization in allocations:
+        rows.setdefault(node_id, []).append(utilization)
+    return {node_id: sum(values) / len(values) for node_id, values in rows.items()}
+
+
+def consumption_by_org(*, minutes: int = 60, bins: int = 12) -> list[dict]:
+    """Credits captured (consumption postings) per org over the last `minutes`, in `bins` slices.
+
+    Returns [{"org_id", "org", "amount", "series": [amount per slice, oldest first]}].
+    """
+    now = db_now()
+    since = now - timedelta(minutes=minutes)
+    width = timedelta(minutes=minutes) / bins
+    # Grouped by minute in the database: at most minutes x orgs rows, however hot the hour.
+    rows = (
+        Posting.objects.filter(account=Account.CONSUMPTION, transaction__created_at__gt=since)
+        .annotate(minute=TruncMinute("transaction__created_at"))
+        .values("org_id", "transaction__org__slug", "minute")
+        .annotate(amount=Sum("amount"))
+    )
+    by_org: dict[int, dict] = {}
+    for row in rows:
+        entry = by_org.setdefault(
+            row["org_id"],
+            {"org_id": row["org_id"], "org": row["transaction__org__slug"], "amount": 0,
+             "series": [0] * bins},
+        )
+        slot = min(max(int((row["minute"] - since) / width), 0), bins - 1)
+        entry["amount"] += row["amount"]
+        entry["series"][slot] += row["amount"]
+    return sorted(by_org.values(), key=lambda entry: (-entry["amount"], entry["org"]))

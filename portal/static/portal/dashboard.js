@@ -1,0 +1,165 @@
+// Live dashboard client: renders snapshots (first the one embedded in the page, then each one
+// pushed over the WebSocket) as tables and small inline-SVG charts. No dependencies.
+(function () {
+  "use strict";
+  const script = document.currentScript;
+  const wsPath = script.dataset.wsPath;
+  const SVG = "http://www.w3.org/2000/svg";
+  const history = []; // GPUs in use, one point per snapshot received
+  const HISTORY_MAX = 60;
+
+  function $(id) { return document.getElementById(id); }
+
+  function cell(text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text === null || text === undefined ? "—" : String(text);
+    if (cls) td.className = cls;
+    return td;
+  }
+
+  function loadBar(used, total) {
+    const td = document.createElement("td");
+    td.className = "chart";
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "bar bar-small");
+    svg.setAttribute("viewBox", "0 0 100 10");
+    svg.setAttribute("preserveAspectRatio", "none");
+    const bg = document.createElementNS(SVG, "rect");
+    bg.setAttribute("class", "seg-empty");
+    bg.setAttribute("width", "100");
+    bg.setAttribute("height", "10");
+    const fg = document.createElementNS(SVG, "rect");
+    fg.setAttribute("class", "seg-held");
+    fg.setAttribute("width", total ? String((100 * used) / total) : "0");
+    fg.setAttribute("height", "10");
+    svg.append(bg, fg);
+    td.append(svg);
+    return td;
+  }
+
+  function fillRows(tbody, rows, build, emptyText, columns) {
+    const body = $(tbody);
+    body.replaceChildren();
+    if (!rows.length) {
+      const tr = document.createElement("tr");
+      const td = cell(emptyText, "muted");
+      td.colSpan = columns;
+      tr.append(td);
+      body.append(tr);
+      return;
+    }
+    for (const row of rows) {
+      const tr = document.createElement("tr");
+      tr.append(...build(row));
+      body.append(tr);
+    }
+  }
+
+  function pct(value) { return value === null || value === undefined ? null : value.toFixed(0) + " %"; }
+
+  // Bars for a series of numbers (credits per 5 minutes); heights relative to the largest.
+  function drawBars(svg, series) {
+    svg.replaceChildren();
+    const max = Math.max(1, ...series);
+    const w = 240 / Math.max(series.length, 1);
+    series.forEach(function (v, i) {
+      const h = v > 0 ? Math.max(2, (58 * v) / max) : 0;
+      const r = document.createElementNS(SVG, "rect");
+      r.setAttribute("x", String(i * w + 1));
+      r.setAttribute("y", String(60 - h));
+      r.setAttribute("width", String(w - 2));
+      r.setAttribute("height", String(h));
+      r.setAttribute("class", "seg-spent");
+      svg.append(r);
+    });
+  }
+
+  // A sparkline (polyline + area) of the recent history of one number.
+  function drawSpark(svg, points, top) {
+    svg.replaceChildren();
+    if (points.length < 1) return;
+    const max = Math.max(1, top);
+    const step = 240 / Math.max(HISTORY_MAX - 1, 1);
+    const start = 240 - step * (points.length - 1);
+    const coords = points.map(function (v, i) {
+      return (start + i * step).toFixed(1) + "," + (58 - (56 * v) / max).toFixed(1);
+    });
+    const area = document.createElementNS(SVG, "polygon");
+    area.setAttribute("points", start.toFixed(1) + ",60 " + coords.join(" ") + " 240,60");
+    area.setAttribute("class", "spark-area");
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("points", coords.join(" "));
+    line.setAttribute("class", "spark-line");
+    svg.append(area, line);
+  }
+
+  function render(snap) {
+    $("generated-at").textContent = new Date(snap.generated_at).toLocaleTimeString();
+    $("generated-at").setAttribute("datetime", snap.generated_at);
+
+    // Money arrives formatted by the server (the one money helper); only the chart scales ints.
+    const consumption = snap.consumption;
+    const series = consumption.length ? consumption[0].series.map(function () { return 0; }) : [];
+    consumption.forEach(function (row) { row.series.forEach(function (v, i) { series[i] += v; }); });
+    $("consumed-total").textContent = snap.consumed_total_display || "0.00";
+    drawBars($("consumption-chart"), series.length ? series : [0]);
+    fillRows("consumption-rows", consumption, function (row) {
+      return [cell(row.org), cell(row.display, "num")];
+    }, "No credits consumed in the last hour.", 2);
+
+    let gpus = 0, allocated = 0;
+    snap.gpu_types.forEach(function (t) { gpus += t.gpus; allocated += t.allocated; });
+    $("gpus-allocated").textContent = allocated;
+    $("gpus-total").textContent = gpus;
+    history.push(allocated);
+    if (history.length > HISTORY_MAX) history.shift();
+    drawSpark($("allocation-spark"), history, gpus);
+    fillRows("gpu-type-rows", snap.gpu_types, function (t) {
+      return [cell(t.name), cell(t.allocated + " / " + t.gpus, "num"), loadBar(t.allocated, t.gpus), cell(pct(t.utilization), "num")];
+    }, "No GPUs registered.", 4);
+    fillRows("node-rows", snap.nodes, function (n) {
+      return [cell(n.name), cell(n.gpu_type), cell(n.state, "state state-" + n.state), cell(n.allocated + " / " + n.gpus, "num"), loadBar(n.allocated, n.gpus), cell(pct(n.utilization), "num")];
+    }, "No nodes registered.", 6);
+
+    $("running-count").textContent = "(" + snap.running_jobs.length + ")";
+    fillRows("job-rows", snap.running_jobs, function (j) {
+      return [cell("#" + j.id + " " + j.name), cell(j.org + "/" + j.project), cell(j.user), cell(j.gpu_count + "× " + j.gpu_type), cell(j.state, "state state-" + j.state), cell(j.gpu_hours.toFixed(2), "num"), cell(pct(j.utilization), "num")];
+    }, "No jobs running.", 7);
+  }
+
+  function status(state, text) {
+    const el = $("live-status");
+    el.dataset.state = state;
+    el.textContent = text;
+  }
+
+  let retry = 1000;
+  let socket = null;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    socket = new WebSocket(scheme + location.host + wsPath);
+    socket.onopen = function () { retry = 1000; status("live", "live"); };
+    socket.onmessage = function (event) {
+      const message = JSON.parse(event.data);
+      if (message.type === "snapshot") {
+        render(message.snapshot);
+        document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
+      }
+    };
+    socket.onclose = function (event) {
+      if (event.code === 4401 || event.code === 4403) { status("closed", "not allowed"); return; }
+      status("reconnecting", "reconnecting…");
+      setTimeout(connect, retry);
+      retry = Math.min(retry * 2, 30000);
+    };
+  }
+  // A tab coming back to the foreground asks for a fresh snapshot instead of waiting for the next.
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden && socket && socket.readyState === WebSocket.OPEN) {
+      socket.send(JSON.stringify({ type: "refresh" }));
+    }
+  });
+
+  render(JSON.parse($("dashboard-initial").textContent));
+  connect();
+})();

@@ -1,0 +1,20 @@
+"""Browser pages: home (balances), one org, the live dashboard, sign in/out."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from portal import views
+
+app_name = "portal"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("orgs/<slug:slug>/", views.org_detail, name="org"),
+    path("dashboard/", views.dashboard, name="dashboard"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="portal:login"), name="logout"),
+]

@@ -1,0 +1,64 @@
+"""Thin page views: resolve what the user may see, ask selectors, render."""
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from portal import dashboard as dashboard_snapshot
+from portal.access import dashboard_scope, org_view_for, visible_orgs
+from portal.balances import org_balances
+from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
+from portal.selectors import user_jobs
+
+
+@require_GET
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's balances in every org/project they belong to, and their jobs."""
+    orgs = [org_balances(view) for view in visible_orgs(request.user)]
+    return render(
+        request,
+        "portal/home.html",
+        {
+            "orgs": orgs,
+            "jobs": user_jobs(user=request.user),
+            "can_see_dashboard": dashboard_scope(request.user) is not None,
+        },
+    )
+
+
+@require_GET
+@login_required
+def org_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """One org's balances; 404 (not 403) for orgs the user does not belong to."""
+    view = org_view_for(request.user, slug)
+    if view is None:
+        raise Http404("No such organization.")
+    return render(
+        request,
+        "portal/org.html",
+        {"org": org_balances(view), "can_see_dashboard": dashboard_scope(request.user) is not None},
+    )
+
+
+@require_GET
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    """The live dashboard (finance/staff: every org; org owners/admins: their orgs)."""
+    scope = dashboard_scope(request.user)
+    if scope is None:
+        raise PermissionDenied("The dashboard is for finance staff and organization admins.")
+    snapshot = dashboard_snapshot.for_scope(dashboard_snapshot.build_snapshot(), scope)
+    return render(
+        request,
+        "portal/dashboard.html",
+        {
+            "snapshot": snapshot,
+            "ws_path": DASHBOARD_WS_PATH,
+            "all_orgs": scope.all_orgs,
+            "pull_seconds": pull_interval_seconds(),
+            "can_see_dashboard": True,
+        },
+    )

@@ -1,0 +1,107 @@
+"""Real-browser tests: headless Debian Chromium driven by Playwright against live servers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import pytest
+from django.db import connections
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from ledger.models import MICRO
+from ledger.services import capture
+from portal.tasks import broadcast_dashboard
+from tests.portal.browser import CHROMIUM, CHROMIUM_ARGS, asgi_server
+from tests.portal.conftest import PASSWORD, World
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="session")
+def asgi_port(django_db_setup: None, django_db_blocker: object) -> Iterator[int]:
+    with asgi_server() as port:
+        yield port
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    # Playwright's sync API keeps an event loop marked running in this thread while it lives, so
+    # Django would refuse the tests' (plain synchronous) ORM calls and database teardown.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def _run_beat_task() -> bool:
+    try:
+        return broadcast_dashboard()
+    finally:
+        connections.close_all()  # as Celery's Django fixup does after each task
+
+
+def _sign_in(page: Page, base_url: str, username: str) -> None:
+    page.goto(f"{base_url}/")
+    expect(page).to_have_url(f"{base_url}/accounts/login/?next=/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(f"{base_url}/")
+
+
+def test_sign_in_and_see_the_balance_breakdown(page: Page, live_server: object, world: World) -> None:
+    base = live_server.url
+    _sign_in(page, base, "alice")
+    org_panel = page.locator("[data-panel='org-acme']")
+    expect(org_panel.locator("[data-field='available']")).to_be_visible()
+    expect(page.locator("#org-globex")).to_have_count(0)
+    expect(page.locator(f"[data-job='{world.job.id}']")).to_contain_text("Running")
+    page.screenshot(path="/tmp/portal-balance.png", full_page=True)
+
+    page.goto(f"{base}/orgs/acme/")
+    expect(page.locator("[data-panel='org-acme'] details.buckets")).to_have_attribute("open", "")
+    page.screenshot(path="/tmp/portal-org.png", full_page=True)
+
+    page.click("text=Sign out")
+    expect(page).to_have_url(f"{base}/accounts/login/")
+
+
+def test_dashboard_receives_a_live_update(
+    page: Page, live_server: object, asgi_port: int, world: World, settings: object
+) -> None:
+    settings.PORTAL_DASHBOARD_PULL_SECONDS = 0  # only a push can change the page after connect
+    host = urlsplit(live_server.url).hostname
+    _sign_in(page, live_server.url, "carol")
+    page.goto(f"http://{host}:{asgi_port}/dashboard/")
+    expect(page.locator("#live-status")).to_have_text("live")
+    expect(page.locator("#consumed-total")).to_have_text("12.345678")
+    expect(page.locator("#job-rows")).to_contain_text("train-resnet")
+    expect(page.locator("#gpu-type-rows")).to_contain_text("2 / 8")
+
+    capture(hold=world.hold, amount=7 * MICRO, key="portal-capture-live")
+    # The beat task, as a worker runs it (its own thread: async_to_sync cannot run beside
+    # Playwright's loop), pushes through Redis to the consumer in the ASGI server.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(_run_beat_task).result(timeout=10) is True
+    expect(page.locator("#consumed-total")).to_have_text("19.345678")
+    expect(page.locator("#consumption-rows")).to_contain_text("acme")
+    page.screenshot(path="/tmp/portal-dashboard.png", full_page=True)

@@ -1,0 +1,108 @@
+"""The dashboard WebSocket: session auth, per-viewer scope, pull on connect, push from beat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.db import SessionStore
+
+from config.asgi import application
+from portal.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED
+from portal.tasks import broadcast_dashboard
+from tests.portal.conftest import World
+
+# Transactional: the consumer reads through database_sync_to_async, which closes connections that
+# sit inside a test's atomic block.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+def _session_cookie(user: Any) -> bytes:
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.save()
+    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}".encode()
+
+
+async def _communicator(user: Any | None) -> WebsocketCommunicator:
+    headers = [ORIGIN]
+    if user is not None:
+        headers.append((b"cookie", await sync_to_async(_session_cookie)(user)))
+    return WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+
+
+def test_anonymous_is_rejected(world: World) -> None:
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(None)
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, CLOSE_UNAUTHENTICATED)
+
+    async_to_sync(scenario)(world)
+
+
+def test_plain_member_is_rejected(world: World) -> None:
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.alice)
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, CLOSE_FORBIDDEN)
+
+    async_to_sync(scenario)(world)
+
+
+def test_foreign_origin_is_rejected(world: World) -> None:
+    async def scenario(world_async: World) -> None:
+        cookie = await sync_to_async(_session_cookie)(world_async.carol)
+        communicator = WebsocketCommunicator(
+            application, "/ws/dashboard/", headers=[(b"origin", b"https://evil.example"), (b"cookie", cookie)]
+        )
+        connected, _ = await communicator.connect()
+        assert connected is False
+
+    async_to_sync(scenario)(world)
+
+
+def test_finance_gets_a_snapshot_of_every_org_then_pushes(world: World) -> None:
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        snapshot = first["snapshot"]
+        assert first["type"] == "snapshot"
+        assert [job["id"] for job in snapshot["running_jobs"]] == [world_async.job.id]
+        assert snapshot["gpu_types"] == [{"name": "H100", "gpus": 8, "allocated": 2, "utilization": 73.0}]
+        assert [(row["org"], row["amount"]) for row in snapshot["consumption"]] == [("acme", 12_345_678)]
+        assert snapshot["consumed_total_display"] == "12.345678"
+
+        # The beat task's push reaches the open socket through the Redis channel layer.
+        assert await sync_to_async(broadcast_dashboard)() is True
+        pushed = await communicator.receive_json_from(timeout=5)
+        assert pushed["type"] == "snapshot"
+        assert pushed["snapshot"]["running_jobs"][0]["name"] == "train-resnet"
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
+
+
+def test_org_owner_sees_only_their_org(world: World) -> None:
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.bob)  # owner of globex, not of acme
+        connected, _ = await communicator.connect()
+        assert connected
+        snapshot = (await communicator.receive_json_from(timeout=5))["snapshot"]
+        assert snapshot["running_jobs"] == []
+        assert snapshot["consumption"] == []
+        assert snapshot["consumed_total"] == 0
+        # Fleet capacity is shared information; other orgs' jobs and money are not.
+        assert snapshot["gpu_types"][0]["allocated"] == 2
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
