@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
 from config.errors import DomainError
@@ -200,11 +200,27 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
                 reason_code=skip.reason_code, data={"detail": detail, "previous": row.wait_reason},
             ))
     if changed:
-        # Only jobs still queued: one cancelled meanwhile keeps its cleared reason.
-        Job.objects.filter(state=JobState.QUEUED).bulk_update(
-            changed, ["wait_reason", "wait_detail"], batch_size=1000
-        )
+        _write_wait_reasons(changed)
     applied.reasons_changed = len(changed)
+
+
+def _write_wait_reasons(changed: list[Job]) -> None:
+    """One UPDATE for all changed wait reasons; only jobs still queued (a cancelled one keeps its
+    cleared reason). PostgreSQL joins arrays (bulk_update's CASE is quadratic at this size)."""
+    if connection.vendor != "postgresql":
+        Job.objects.filter(state=JobState.QUEUED).bulk_update(
+            changed, ["wait_reason", "wait_detail"], batch_size=500
+        )
+        return
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS j SET wait_reason = v.reason, wait_detail = v.detail "  # noqa: S608
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, reason, detail) "
+            "WHERE j.id = v.id AND j.state = %s",
+            [[j.pk for j in changed], [j.wait_reason for j in changed], [j.wait_detail for j in changed],
+             JobState.QUEUED],
+        )
 
 
 def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
