@@ -133,7 +133,9 @@ def run_idempotent(request: Request, effect: Effect) -> Response:
                         state=IdempotencyRecord.State.DONE, response_status=status, response_body=body
                     )
                     return Response(body, status=status)
-            return Response(stored.body, status=stored.status, headers={REPLAYED_HEADER: "true"})
+            # jsonb reorders keys: re-canonicalize so replays are byte-identical to the original.
+            replay = json.loads(canonical_json(stored.body))
+            return Response(replay, status=stored.status, headers={REPLAYED_HEADER: "true"})
         except _Vanished:
             continue
         except DatabaseError as error:

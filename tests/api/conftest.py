@@ -11,13 +11,16 @@ from rest_framework.test import APIClient
 from accounts.models import OrgRole
 from accounts.services import create_api_key
 from ledger.models import MICRO
-from scheduling.models import GpuPrice, GpuType
+from scheduling.models import GpuPrice, GpuType, PriorityClass
 from tests.api.factories import Tenant, make_tenant
 
 # Prices per GPU-hour (micro-credits).
 H100_PRICE = 4 * MICRO
 A100_PRICE = 2_500_000
 L4_PRICE = 800_000
+PRIORITY_CLASSES = [("production", 500, False, True), ("premium", 400, True, True),
+                    ("standard", 300, True, True), ("batch", 200, True, False),
+                    ("interactive", 100, True, False)]
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +38,11 @@ def fleet(db: Any) -> dict[str, GpuType]:
         GpuPrice.objects.get_or_create(gpu_type=gpu, effective_from=since,
                                        defaults={"price_per_gpu_hour": price})
         types[name] = gpu
+    # transaction=True tests flush the tables, including the classes a data migration created.
+    for cls_name, rank, preemptible, can_preempt in PRIORITY_CLASSES:
+        PriorityClass.objects.get_or_create(
+            name=cls_name, defaults={"rank": rank, "preemptible": preemptible, "can_preempt": can_preempt}
+        )
     return types
 
 
