@@ -1,0 +1,160 @@
+"""Admin for the fleet (GPU types and prices, nodes, priority classes, quotas) and, read-only, for
+jobs, attempts, allocations and scheduler passes. Writes that matter go through services: node tokens
+(`issue_node_token`) and cancellation (`cancel_job`); configuration edits are kept by simple-history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from simple_history.admin import SimpleHistoryAdmin
+
+from config.errors import DomainError
+from scheduling.models import (
+    Allocation,
+    GpuPrice,
+    GpuType,
+    Job,
+    JobAttempt,
+    Node,
+    PriorityClass,
+    Quota,
+    SchedulerPass,
+)
+
+
+class ReadOnlyMixin:
+    """Rows written only by the scheduler, the agents and the services: look, never touch."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class GpuPriceInline(admin.TabularInline):
+    model = GpuPrice
+    extra = 1
+    ordering = ("-effective_from",)
+    fields = ("price_per_gpu_hour", "effective_from")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # prices are history: add a new one instead
+
+
+@admin.register(GpuType)
+class GpuTypeAdmin(SimpleHistoryAdmin):
+    list_display = ("name", "memory_gb")
+    search_fields = ("name",)
+    inlines = (GpuPriceInline,)
+
+
+@admin.register(GpuPrice)
+class GpuPriceAdmin(SimpleHistoryAdmin):
+    list_display = ("gpu_type", "price_per_gpu_hour", "effective_from")
+    list_filter = ("gpu_type",)
+    ordering = ("gpu_type", "-effective_from")
+
+
+class AllocationInline(ReadOnlyMixin, admin.TabularInline):
+    model = Allocation
+    fk_name = "node"
+    fields = ("gpu_index", "attempt", "allocated_at", "released_at")
+    readonly_fields = fields
+    extra = 0
+    verbose_name_plural = "Live allocations"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Allocation]:
+        return super().get_queryset(request).filter(released_at__isnull=True).select_related("attempt")
+
+
+@admin.register(Node)
+class NodeAdmin(SimpleHistoryAdmin):
+    list_display = ("name", "region", "gpu_type", "gpu_count", "state", "ib_group", "last_heartbeat_at")
+    list_filter = ("state", "gpu_type", "region")
+    search_fields = ("name", "ib_group", "nvlink_domain")
+    readonly_fields = ("last_heartbeat_at", "token_prefix", "agent_version", "registered_at")
+    exclude = ("token_hash",)
+    inlines = (AllocationInline,)
+    actions = ("issue_token",)
+
+    @admin.action(description="Issue a new agent token (shown once)")
+    def issue_token(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        from scheduling.services.nodes import issue_node_token
+
+        for node in queryset:
+            raw = issue_node_token(node=node, actor=request.user)
+            messages.warning(request, f"Token for {node.name} (copy it now, it is not shown again): {raw}")
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(SimpleHistoryAdmin):
+    list_display = ("name", "rank", "preemptible", "can_preempt")
+    ordering = ("-rank",)
+
+
+@admin.register(Quota)
+class QuotaAdmin(SimpleHistoryAdmin):
+    list_display = ("org", "project", "gpu_type", "max_gpus")
+    list_filter = ("gpu_type",)
+    search_fields = ("org__slug", "project__slug")
+
+
+class AttemptInline(ReadOnlyMixin, admin.TabularInline):
+    model = JobAttempt
+    fields = ("number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour", "scheduled_at",
+              "started_at", "ended_at", "stop_reason", "outcome", "exit_code", "backfilled")
+    readonly_fields = fields
+    extra = 0
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ("id", "name", "org", "project", "state", "wait_reason", "gpu_count",
+                    "priority_class", "attempt_count", "submitted_at")
+    list_filter = ("state", "wait_reason", "priority_class")
+    search_fields = ("name", "org__slug", "project__slug", "user__username")
+    list_select_related = ("org", "project__org", "priority_class")
+    readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before")
+    inlines = (AttemptInline,)
+    actions = ("cancel",)
+    date_hierarchy = "submitted_at"
+
+    @admin.action(description="Cancel the selected jobs")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        from scheduling.services.lifecycle import cancel_job
+
+        for job in queryset:
+            try:
+                cancel_job(job=job, actor=request.user)
+            except DomainError as error:
+                messages.error(request, f"Job {job.pk}: {error.detail}")
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ("id", "job", "number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour",
+                    "outcome", "scheduled_at", "ended_at")
+    list_filter = ("state", "outcome", "gpu_type")
+    list_select_related = ("job", "gpu_type")
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ("id", "node", "gpu_index", "attempt", "allocated_at", "released_at")
+    list_filter = ("node__gpu_type",)
+    list_select_related = ("node", "attempt")
+
+
+@admin.register(SchedulerPass)
+class SchedulerPassAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = ("id", "started_at", "trigger", "pending", "placed", "backfilled", "preempted",
+                    "waiting_changed", "conflicts", "load_ms", "core_ms", "write_ms", "total_ms")
+    list_filter = ("trigger",)
+    date_hierarchy = "started_at"
