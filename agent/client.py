@@ -98,8 +98,8 @@ def backoff_delay(
     Half is fixed so a fleet never retries immediately; half is random so a fleet that lost the
     server at the same moment does not come back in lockstep. Retry-After is a floor.
     """
-    ceiling = min(cap, base * 2 ** max(tries - 1, 0))
-    delay = ceiling / 2 + rng() * ceiling / 2
+    ceiling: float = min(cap, base * 2.0 ** max(tries - 1, 0))
+    delay: float = ceiling / 2 + rng() * ceiling / 2
     if retry_after is not None:
         delay = max(delay, retry_after)
     return delay

@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cli_runs_a_job_and_exits_cleanly_on_sigterm(fake_server, wait_for, tmp_path):
+def test_cli_runs_a_job_and_exits_cleanly_on_sigterm(fake_server, wait_for, tmp_path) -> None:
     fake_server.add_start(501, "exit 0", gpus=[1])
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPUBANK_AGENT_TOKEN": "node-token-123"}
     proc = subprocess.Popen(

@@ -15,7 +15,9 @@ P = "/api/v1/agent"
 TOKEN = "node-token-123"
 
 
-def test_registers_its_gpus_and_labels_then_heartbeats_with_no_attempts(fake_server, run_agent, wait_for):
+def test_registers_its_gpus_and_labels_then_heartbeats_with_no_attempts(
+    fake_server, run_agent, wait_for
+) -> None:
     run_agent()
     wait_for(lambda: len(fake_server.heartbeats()) >= 2, what="liveness heartbeats")
 
@@ -35,7 +37,7 @@ def test_registers_its_gpus_and_labels_then_heartbeats_with_no_attempts(fake_ser
         assert {r.auth for r in fake_server.requests} == {f"Bearer {TOKEN}"}
 
 
-def test_registration_retries_until_the_server_is_up(fake_server, run_agent, wait_for):
+def test_registration_retries_until_the_server_is_up(fake_server, run_agent, wait_for) -> None:
     fake_server.fail_status = 503
     running = run_agent()
     wait_for(lambda: len(fake_server.seen("POST", f"{P}/register", 503)) >= 3, what="register retries")
@@ -44,7 +46,7 @@ def test_registration_retries_until_the_server_is_up(fake_server, run_agent, wai
     assert running.agent.node_id == 7
 
 
-def test_registration_refused_is_fatal(fake_server, run_agent, wait_for):
+def test_registration_refused_is_fatal(fake_server, run_agent, wait_for) -> None:
     fake_server.fail_status = 401
     running = run_agent()
     running.thread.join(5)
@@ -52,7 +54,9 @@ def test_registration_refused_is_fatal(fake_server, run_agent, wait_for):
     assert len(fake_server.seen("POST", f"{P}/register")) == 1
 
 
-def test_job_gets_its_gpus_env_and_is_started_once(fake_server, run_agent, wait_for, job_dir, monkeypatch):
+def test_job_gets_its_gpus_env_and_is_started_once(
+    fake_server, run_agent, wait_for, job_dir, monkeypatch
+) -> None:
     monkeypatch.setenv("GPUBANK_AGENT_TOKEN", "secret")
     fake_server.repeat_starts = True  # the server keeps saying "start": the agent must not re-spawn
     fake_server.add_start(
@@ -74,7 +78,7 @@ def test_job_gets_its_gpus_env_and_is_started_once(fake_server, run_agent, wait_
     assert fake_server.seen("POST", f"{P}/attempts/11/started")[0].body == {}
 
 
-def test_heartbeats_carry_increasing_seq_and_cumulative_usage(fake_server, run_agent, wait_for):
+def test_heartbeats_carry_increasing_seq_and_cumulative_usage(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(21, "sleep 0.6", gpus=[0, 1])
     t0 = time.monotonic()
     run_agent()
@@ -99,7 +103,7 @@ def test_heartbeats_carry_increasing_seq_and_cumulative_usage(fake_server, run_a
 @pytest.mark.parametrize(
     ("command", "exit_code", "outcome"), [("exit 0", 0, "completed"), ("exit 3", 3, "failed")]
 )
-def test_exit_code_is_reported(fake_server, run_agent, wait_for, command, exit_code, outcome):
+def test_exit_code_is_reported(fake_server, run_agent, wait_for, command, exit_code, outcome) -> None:
     fake_server.add_start(31, command)
     run_agent()
     (report,) = wait_for(lambda: fake_server.exits(31), what="exit report")
@@ -110,7 +114,7 @@ def test_exit_code_is_reported(fake_server, run_agent, wait_for, command, exit_c
     assert fake_server.seen("POST", f"{P}/attempts/31/started")[0].at <= report.at
 
 
-def test_stop_sends_sigterm_then_sigkill_after_grace(fake_server, run_agent, wait_for, job_dir):
+def test_stop_sends_sigterm_then_sigkill_after_grace(fake_server, run_agent, wait_for, job_dir) -> None:
     # The job traps TERM (like a trainer writing a checkpoint) and would run forever.
     fake_server.add_start(
         41, f"trap 'echo term > {job_dir}/term' TERM; touch {job_dir}/ready; while :; do sleep 0.05; done"
@@ -128,7 +132,7 @@ def test_stop_sends_sigterm_then_sigkill_after_grace(fake_server, run_agent, wai
     assert report.body["exit_code"] is None
 
 
-def test_max_wall_time_is_enforced_as_timed_out(fake_server, run_agent, wait_for):
+def test_max_wall_time_is_enforced_as_timed_out(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(51, "sleep 30", max_wall=1)
     t0 = time.monotonic()
     run_agent(timeout_grace=0.3)
@@ -138,7 +142,7 @@ def test_max_wall_time_is_enforced_as_timed_out(fake_server, run_agent, wait_for
     assert report.body["signal"] in (signal.SIGTERM, signal.SIGKILL)
 
 
-def test_503_outage_then_recovery_delivers_the_exit_exactly_once(fake_server, run_agent, wait_for):
+def test_503_outage_then_recovery_delivers_the_exit_exactly_once(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(61, "sleep 0.3; exit 4")
     run_agent()
     wait_for(lambda: fake_server.started == {61}, what="started")
@@ -154,7 +158,7 @@ def test_503_outage_then_recovery_delivers_the_exit_exactly_once(fake_server, ru
     assert len(fake_server.seen("POST", f"{P}/attempts/61/exit")) == len(fake_server.exits(61, 503)) + 1
 
 
-def test_server_down_then_back_delivers_the_exit_exactly_once(fake_server, run_agent, wait_for):
+def test_server_down_then_back_delivers_the_exit_exactly_once(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(62, "sleep 0.3")
     running = run_agent()
     wait_for(lambda: fake_server.started == {62}, what="started")
@@ -170,7 +174,7 @@ def test_server_down_then_back_delivers_the_exit_exactly_once(fake_server, run_a
     assert len(running.agent.outbox) == 0
 
 
-def test_retry_after_is_honoured(fake_server, run_agent, wait_for):
+def test_retry_after_is_honoured(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(63, "true")
     fake_server.exit_status[63] = 429
     fake_server.retry_after = "1"
@@ -183,7 +187,9 @@ def test_retry_after_is_honoured(fake_server, run_agent, wait_for):
 
 
 @pytest.mark.parametrize("status", [409, 400])
-def test_conflict_or_client_error_on_exit_is_dropped_not_retried(fake_server, run_agent, wait_for, status):
+def test_conflict_or_client_error_on_exit_is_dropped_not_retried(
+    fake_server, run_agent, wait_for, status
+) -> None:
     fake_server.add_start(71, "true")
     fake_server.exit_status[71] = status
     running = run_agent()
@@ -194,7 +200,7 @@ def test_conflict_or_client_error_on_exit_is_dropped_not_retried(fake_server, ru
     assert 71 not in running.agent.outbox
 
 
-def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, wait_for, tmp_path):
+def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, wait_for, tmp_path) -> None:
     state = tmp_path / "state"
     fake_server.add_start(81, "sleep 0.2; exit 7")
     first = run_agent(state_dir=state, shutdown_flush=0.2)
@@ -218,7 +224,7 @@ def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, w
     assert (state / "jobs" / "attempt-81.log").exists()
 
 
-def test_restarted_agent_reports_attempts_it_no_longer_runs_as_lost(fake_server, run_agent, wait_for):
+def test_restarted_agent_reports_attempts_it_no_longer_runs_as_lost(fake_server, run_agent, wait_for) -> None:
     fake_server.running_attempts = [91]
     run_agent()
     (report,) = wait_for(lambda: fake_server.exits(91), what="lost report")
@@ -231,7 +237,9 @@ def test_restarted_agent_reports_attempts_it_no_longer_runs_as_lost(fake_server,
     }
 
 
-def test_stop_for_an_attempt_that_never_ran_here_is_reported(fake_server, run_agent, wait_for, job_dir):
+def test_stop_for_an_attempt_that_never_ran_here_is_reported(
+    fake_server, run_agent, wait_for, job_dir
+) -> None:
     fake_server.add_start(92, f"touch {job_dir}/ran")
     fake_server.add_stop(92, "cancelled", grace=5)  # cancelled before the agent picked it up
     run_agent()
@@ -241,7 +249,7 @@ def test_stop_for_an_attempt_that_never_ran_here_is_reported(fake_server, run_ag
     assert not fake_server.seen("POST", f"{P}/attempts/92/started")
 
 
-def test_start_on_a_gpu_the_node_lacks_is_refused(fake_server, run_agent, wait_for, job_dir):
+def test_start_on_a_gpu_the_node_lacks_is_refused(fake_server, run_agent, wait_for, job_dir) -> None:
     fake_server.add_start(93, f"touch {job_dir}/ran", gpus=[9])
     run_agent()
     (report,) = wait_for(lambda: fake_server.exits(93), what="exit report")
@@ -249,7 +257,7 @@ def test_start_on_a_gpu_the_node_lacks_is_refused(fake_server, run_agent, wait_f
     assert not (job_dir / "ran").exists()
 
 
-def test_agent_shutdown_kills_jobs_and_reports_them_lost(fake_server, run_agent, wait_for, job_dir):
+def test_agent_shutdown_kills_jobs_and_reports_them_lost(fake_server, run_agent, wait_for, job_dir) -> None:
     fake_server.add_start(94, f"echo $$ > {job_dir}/pid; sleep 30 & wait")
     running = run_agent()
     pid = int(
@@ -275,7 +283,7 @@ def _live_group_members(pgid: int) -> list[int]:
     return live
 
 
-def test_job_output_goes_to_the_state_dir(fake_server, run_agent, wait_for, tmp_path):
+def test_job_output_goes_to_the_state_dir(fake_server, run_agent, wait_for, tmp_path) -> None:
     fake_server.add_start(95, "echo hello; echo oops >&2")
     run_agent(state_dir=tmp_path)
     wait_for(lambda: fake_server.exits(95), what="exit report")

@@ -16,7 +16,7 @@ from agent.outbox import Outbox
 from agent.runner import ExitRecord, Runner, StartSpec, StopRequest
 
 
-def test_fake_gpus_spec_and_memory():
+def test_fake_gpus_spec_and_memory() -> None:
     gpus = parse_fake_gpus("8xH100", "host-1")
     assert [(g.index, g.model, g.memory_gb) for g in gpus] == [(i, "H100", 80) for i in range(8)]
     assert [g.memory_gb for g in parse_fake_gpus("4xa100", "h")] == [80] * 4
@@ -28,12 +28,12 @@ def test_fake_gpus_spec_and_memory():
 
 
 @pytest.mark.parametrize("spec", ["8xZ100", "H100", "0xH100", "x", "8x"])
-def test_bad_fake_gpus_spec_is_an_error(spec):
+def test_bad_fake_gpus_spec_is_an_error(spec) -> None:
     with pytest.raises(GpuError):
         parse_fake_gpus(spec, "h")
 
 
-def test_without_nvml_or_fake_gpus_discovery_fails(monkeypatch):
+def test_without_nvml_or_fake_gpus_discovery_fails(monkeypatch) -> None:
     monkeypatch.setattr("agent.gpus._load_nvml", lambda: None)
     with pytest.raises(GpuError, match="--fake-gpus"):
         discover(None, "h")
@@ -41,7 +41,7 @@ def test_without_nvml_or_fake_gpus_discovery_fails(monkeypatch):
     assert len(gpus) == 2 and isinstance(sampler, FakeSampler)
 
 
-def test_nvml_names_are_shortened_to_models():
+def test_nvml_names_are_shortened_to_models() -> None:
     assert short_model("NVIDIA H100 80GB HBM3") == "H100"
     assert short_model("NVIDIA A100-SXM4-80GB") == "A100"
     assert short_model("Tesla T4") == "T4"
@@ -65,11 +65,11 @@ def test_nvml_names_are_shortened_to_models():
         (422, Outcome.DROP),
     ],
 )
-def test_status_classification(status, outcome):
+def test_status_classification(status, outcome) -> None:
     assert classify(status) is outcome
 
 
-def test_retry_after_parsing():
+def test_retry_after_parsing() -> None:
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after("99999") == 600.0
     assert parse_retry_after(None) is None
@@ -80,7 +80,7 @@ def test_retry_after_parsing():
     assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
 
 
-def test_backoff_grows_is_capped_jittered_and_respects_retry_after():
+def test_backoff_grows_is_capped_jittered_and_respects_retry_after() -> None:
     low = [backoff_delay(n, base=1, cap=60, rng=lambda: 0.0) for n in range(1, 9)]
     high = [backoff_delay(n, base=1, cap=60, rng=lambda: 1.0) for n in range(1, 9)]
     assert low == [0.5, 1, 2, 4, 8, 16, 30, 30]
@@ -88,7 +88,7 @@ def test_backoff_grows_is_capped_jittered_and_respects_retry_after():
     assert backoff_delay(1, base=1, cap=60, retry_after=7, rng=lambda: 1.0) == 7
 
 
-def test_outbox_persists_first_report_per_attempt_and_survives_reload(tmp_path):
+def test_outbox_persists_first_report_per_attempt_and_survives_reload(tmp_path) -> None:
     path = tmp_path / "state" / "outbox.json"
     box = Outbox(path)
     assert box.add(ExitRecord(5, 3, 1200, 0, None, "completed"))
@@ -110,7 +110,7 @@ def test_outbox_persists_first_report_per_attempt_and_survives_reload(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["outbox.json"]  # no temp files left
 
 
-def test_corrupt_outbox_is_set_aside_not_lost(tmp_path):
+def test_corrupt_outbox_is_set_aside_not_lost(tmp_path) -> None:
     path = tmp_path / "outbox.json"
     path.write_text("{not json")
     box = Outbox(path)
@@ -119,7 +119,7 @@ def test_corrupt_outbox_is_set_aside_not_lost(tmp_path):
     assert aside.read_text() == "{not json"
 
 
-def test_client_sends_bearer_token_and_classifies_failures():
+def test_client_sends_bearer_token_and_classifies_failures() -> None:
     seen: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -137,7 +137,7 @@ def test_client_sends_bearer_token_and_classifies_failures():
     assert {r.headers["Authorization"] for r in seen} == {"Bearer tok"}
 
 
-def test_unreachable_server_is_retryable():
+def test_unreachable_server_is_retryable() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
@@ -146,7 +146,7 @@ def test_unreachable_server_is_retryable():
     assert result.outcome is Outcome.RETRY and result.unreachable
 
 
-def test_cli_flags():
+def test_cli_flags() -> None:
     args = build_parser().parse_args(
         [
             "--server",
@@ -180,7 +180,7 @@ def test_cli_flags():
         build_parser().parse_args(["--server", "http://s", "--heartbeat-interval", "0"])
 
 
-def test_runner_remembers_an_exited_attempt_until_its_exit_is_collected(wait_for):
+def test_runner_remembers_an_exited_attempt_until_its_exit_is_collected(wait_for) -> None:
     # The supervisor thread can reap a job between two polls of the main loop; a repeated start in
     # that window must not spawn it again, and a late stop must not be taken for a stranger.
     runner = Runner(timeout_grace=0.1)
