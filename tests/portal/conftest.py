@@ -102,6 +102,8 @@ def build_world() -> World:
     promo = fund(acme, 50 * MICRO, kind=BucketKind.PROMOTIONAL, expires_at=now + timedelta(days=5))
     project_promo = fund(acme, 20_500_000, kind=BucketKind.PROMOTIONAL, project=vision,
                          expires_at=now + timedelta(days=20))
+    ops = ProjectFactory(org=acme, name="Ops", slug="ops")
+    fund(acme, 300 * MICRO, kind=BucketKind.PAID, project=ops)  # not spendable by vision
     fund(globex, 777 * MICRO, kind=BucketKind.PAID)
     hold = place_hold(org=acme, amount=80 * MICRO, key="portal-hold-1", project=vision, user=alice)
     capture(hold=hold, amount=12_345_678, key="portal-capture-1")

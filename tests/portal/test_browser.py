@@ -20,16 +20,17 @@ from tests.portal.conftest import PASSWORD, World
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def asgi_port(django_db_setup: None, django_db_blocker: object) -> Iterator[int]:
     with asgi_server() as port:
         yield port
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     # Playwright's sync API keeps an event loop marked running in this thread while it lives, so
-    # Django would refuse the tests' (plain synchronous) ORM calls and database teardown.
+    # Django would refuse the tests' (plain synchronous) ORM calls, and async_to_sync elsewhere
+    # in the suite would fail: hence module scope, and the flag only while it lives.
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:

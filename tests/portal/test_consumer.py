@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore
 
 from config.asgi import application
-from portal.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED
+from portal.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, pull_interval_seconds
 from portal.tasks import broadcast_dashboard
 from tests.portal.conftest import World
 
@@ -106,3 +107,30 @@ def test_org_owner_sees_only_their_org(world: World) -> None:
         await communicator.disconnect()
 
     async_to_sync(scenario)(world)
+
+
+def test_consumer_pulls_when_no_push_arrives(world: World, settings: object) -> None:
+    # The embedded mode's in-memory layer cannot carry the beat process's pushes: pull instead.
+    settings.PORTAL_DASHBOARD_PULL_SECONDS = 0.2
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        second = await communicator.receive_json_from(timeout=5)
+        assert first["type"] == second["type"] == "snapshot"
+        assert second["snapshot"]["generated_at"] >= first["snapshot"]["generated_at"]
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
+
+
+def test_pull_defaults_follow_the_channel_layer(settings: object) -> None:
+    assert pull_interval_seconds() == 0.0  # channels_redis: the beat task pushes
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    try:
+        assert pull_interval_seconds() == 5.0
+    finally:
+        channel_layers.backends.clear()
