@@ -45,6 +45,11 @@ def _limit_for(scope: str, kind: str) -> str | None:
     return table.get(scope, {}).get(kind) or table.get("default", {}).get(kind)
 
 
+def _namespace() -> str:
+    # The cache's key prefix keeps concurrent test runs (and deployments sharing a Redis) apart.
+    return str(settings.CACHES.get("default", {}).get("KEY_PREFIX", ""))
+
+
 def hit(*, scope: str, kind: str, identity: str) -> None:
     """Count one request against `kind` ("key" | "org") of `scope`; raise RateLimited when over."""
     spec = _limit_for(scope, kind)
@@ -52,9 +57,10 @@ def hit(*, scope: str, kind: str, identity: str) -> None:
         return
     limiter = _limiter(settings.REDIS_URL)
     item = _item(spec)
-    if limiter.hit(item, "api", scope, kind, identity):
+    ids = (f"api{_namespace()}", scope, kind, identity)
+    if limiter.hit(item, *ids):
         return
-    reset_at, _remaining = limiter.get_window_stats(item, "api", scope, kind, identity)
+    reset_at, _remaining = limiter.get_window_stats(item, *ids)
     retry_after = max(1, math.ceil(reset_at - time.time()))
     raise RateLimited(
         f"Rate limit {spec} per {kind} exceeded for {scope}; retry in {retry_after}s.",
@@ -99,7 +105,7 @@ _local_lock = threading.Lock()
 @contextmanager
 def inflight_slot(*, org_id: int, cap: int) -> Iterator[None]:
     """Hold one of `cap` concurrent submission slots of an org for the duration of the block."""
-    key = f"api:inflight:org:{org_id}"
+    key = f"api{_namespace()}:inflight:org:{org_id}"
     token = uuid.uuid4().hex
     ttl = settings.API_INFLIGHT_TTL_SECONDS
     url = settings.REDIS_URL

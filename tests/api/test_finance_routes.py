@@ -1,0 +1,159 @@
+"""Orgs, projects, members, credits, budgets, balances and the journal over HTTP."""
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from accounts.models import Membership, OrgMembership
+from budgets.models import Budget
+from ledger.models import MICRO, Bucket
+from tests.api.conftest import H100_PRICE, client_for
+from tests.api.factories import Tenant
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def finance() -> APIClient:
+    user = UserFactory()
+    user.groups.add(Group.objects.get_or_create(name="finance")[0])
+    return client_for(user)
+
+
+def send(client: APIClient, method: str, url: str, body: Any = None, key: str | None = None) -> Any:
+    return getattr(client, method)(url, body, format="json", HTTP_IDEMPOTENCY_KEY=key or uuid.uuid4().hex)
+
+
+def test_finance_creates_org_with_owner_then_owner_builds_it(finance: APIClient, fleet: dict) -> None:
+    owner = UserFactory()
+    response = send(finance, "post", "/api/v1/orgs", {"name": "Acme", "slug": "acme", "owner": owner.username,
+                                                      "hold_window_seconds": 3600})
+    assert response.status_code == 201, response.json()
+    org_id = response.json()["id"]
+    assert OrgMembership.objects.get(org_id=org_id).role == "owner"
+    assert send(finance, "post", "/api/v1/orgs", {"name": "Acme", "slug": "acme"}).status_code == 409
+    owner_api = client_for(owner)
+    project = send(owner_api, "post", f"/api/v1/orgs/{org_id}/projects", {"name": "LLM", "slug": "llm"})
+    assert project.status_code == 201
+    member = UserFactory()
+    added = send(owner_api, "post", f"/api/v1/projects/{project.json()['id']}/members",
+                 {"username": member.username, "role": "member"})
+    assert added.status_code == 201 and added.json()["user"] == member.pk
+    again = send(owner_api, "post", f"/api/v1/projects/{project.json()['id']}/members",
+                 {"user": member.pk, "role": "viewer"})
+    assert again.status_code == 200 and Membership.objects.get(user=member).role == "viewer"
+
+
+def test_only_finance_creates_orgs_and_credits(tenant: Tenant) -> None:
+    admin = client_for(tenant.admin)
+    response = send(admin, "post", "/api/v1/orgs", {"name": "X", "slug": "x"})
+    assert response.status_code == 403 and response.json()["type"] == "permission-denied"
+    response = send(admin, "post", f"/api/v1/orgs/{tenant.org.pk}/credits",
+                    {"amount": 1, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r"})
+    assert response.status_code == 403
+
+
+def test_members_cannot_manage_projects(tenant: Tenant) -> None:
+    member = client_for(tenant.user)
+    response = send(member, "post", f"/api/v1/orgs/{tenant.org.pk}/projects", {"name": "x", "slug": "x"})
+    # A project-only member can see the org exists (their project is in it) but not manage it.
+    assert response.status_code == 403
+
+
+def test_issue_credits_and_read_balance(finance: APIClient, tenant: Tenant) -> None:
+    expires = (timezone.now() + timedelta(days=5)).isoformat()
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", {
+        "amount": 50 * MICRO, "kind": "promotional", "source": "promotion", "reference": "promo-1",
+        "reason": "launch", "expires_at": expires, "gpu_types": ["H100"], "project": tenant.project.pk,
+    })
+    assert response.status_code == 201, response.json()
+    assert Bucket.objects.get(pk=response.json()["id"]).project == tenant.project
+    balance = client_for(tenant.admin).get(f"/api/v1/orgs/{tenant.org.pk}/balance").json()
+    assert balance["totals"]["available"] == 1050 * MICRO
+    assert balance["promotional"]["available"] == 50 * MICRO
+    assert balance["paid"]["available"] == 1000 * MICRO
+    assert balance["expiring"] == {"7d": 50 * MICRO, "30d": 50 * MICRO}
+    assert len(balance["buckets"]) == 2
+    project_balance = client_for(tenant.user).get(f"/api/v1/projects/{tenant.project.pk}/balance").json()
+    assert project_balance["project"] == tenant.project.pk
+
+
+@pytest.mark.parametrize("body", [
+    {"amount": 0, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r"},
+    {"amount": 5, "kind": "gold", "source": "purchase", "reference": "r", "reason": "r"},
+    {"amount": 5, "kind": "paid", "source": "purchase", "reference": "", "reason": "r"},
+    {"amount": 5, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r",
+     "effective_at": "2030-01-02T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"},
+    {"amount": 5, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r",
+     "gpu_types": ["TPU"]},
+])
+def test_invalid_credit_issuance_is_400(finance: APIClient, tenant: Tenant, body: dict) -> None:
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)
+    assert response.status_code == 400, response.json()
+    assert Bucket.objects.filter(org=tenant.org).count() == 1
+
+
+def test_transactions_are_paginated_and_filtered(api: APIClient, job_body: Any, tenant: Tenant) -> None:
+    for _ in range(3):
+        send(api, "post", "/api/v1/jobs", job_body())
+    admin = client_for(tenant.admin)
+    page = admin.get(f"/api/v1/orgs/{tenant.org.pk}/transactions?page_size=2").json()
+    assert page["count"] == 4 and len(page["results"]) == 2 and page["next"]
+    holds = admin.get(f"/api/v1/orgs/{tenant.org.pk}/transactions?kind=hold").json()
+    assert holds["count"] == 3
+    assert all(sum(p["amount"] for p in t["postings"]) == 0 for t in holds["results"])
+    future = admin.get(f"/api/v1/orgs/{tenant.org.pk}/transactions?since=2100-01-01T00:00:00Z").json()
+    assert future["count"] == 0
+    assert admin.get(f"/api/v1/orgs/{tenant.org.pk}/transactions?kind=bogus").status_code == 400
+
+
+def test_budgets_put_get_and_member_level(api: APIClient, job_body: Any, tenant: Tenant) -> None:
+    admin = client_for(tenant.admin)
+    url = f"/api/v1/projects/{tenant.project.pk}/members/{tenant.user.pk}/budget"
+    assert admin.get(url).status_code == 404
+    created = send(admin, "put", url, {"period": "month", "limit": H100_PRICE, "enforcement": "hard"})
+    assert created.status_code == 201 and created.json()["level"] == "member"
+    updated = send(admin, "put", url, {"period": "month", "limit": 2 * H100_PRICE, "enforcement": "hard"})
+    assert updated.status_code == 200 and Budget.objects.count() == 1
+    assert send(api, "post", "/api/v1/jobs", job_body(gpu_count=3)).json()["level"] == "member"
+    assert send(api, "post", "/api/v1/jobs", job_body(gpu_count=2)).status_code == 201
+    current = admin.get(url).json()["current_period"]
+    assert current["held"] == 2 * H100_PRICE and current["remaining"] == 0
+    window = send(admin, "put", f"/api/v1/orgs/{tenant.org.pk}/budget", {
+        "period": "window", "limit": 5, "enforcement": "soft",
+        "window_start": "2020-01-01T00:00:00Z", "window_end": "2020-02-01T00:00:00Z"})
+    assert window.status_code == 201 and window.json()["current_period"] is None
+    bad = send(admin, "put", f"/api/v1/orgs/{tenant.org.pk}/budget",
+               {"period": "window", "limit": 5, "enforcement": "soft"})
+    assert bad.status_code == 400 and "window_end" in bad.json()["errors"]
+
+
+def test_member_budget_needs_a_member(tenant: Tenant) -> None:
+    stranger = UserFactory()
+    url = f"/api/v1/projects/{tenant.project.pk}/members/{stranger.pk}/budget"
+    assert send(client_for(tenant.admin), "put", url,
+                {"period": "month", "limit": 1, "enforcement": "hard"}).status_code == 404
+
+
+def test_job_list_detail_filters_and_cancel(api: APIClient, job_body: Any, tenant: Tenant) -> None:
+    first = send(api, "post", "/api/v1/jobs", job_body()).json()
+    send(api, "post", "/api/v1/jobs", job_body())
+    listing = api.get(f"/api/v1/jobs?project={tenant.project.pk}&state=queued").json()
+    assert listing["count"] == 2 and "attempts" not in listing["results"][0]
+    detail = api.get(f"/api/v1/jobs/{first['id']}").json()
+    assert detail["wait_reason"] == "" and detail["attempts"] == [] and detail["hold"]["id"]
+    cancel = send(api, "post", f"/api/v1/jobs/{first['id']}/cancel", key="c")
+    replay = send(api, "post", f"/api/v1/jobs/{first['id']}/cancel", key="c")
+    fresh_key = send(api, "post", f"/api/v1/jobs/{first['id']}/cancel")
+    assert cancel.json()["state"] == replay.json()["state"] == fresh_key.json()["state"] == "cancelled"
+    assert replay["Idempotent-Replayed"] == "true"
+    assert cancel.json()["hold"]["state"] == "settled" and cancel.json()["hold"]["remaining"] == 0
+    assert api.get("/api/v1/jobs?state=cancelled").json()["count"] == 1
+    assert api.get("/api/v1/jobs?state=nope").status_code == 400
+    assert api.get("/api/v1/jobs/999999").json()["type"] == "not-found"
