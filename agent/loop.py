@@ -63,7 +63,9 @@ class Agent:
         self._rng = rng
         self._gpu_indices = frozenset(g.index for g in gpus)
         self._pending_started: dict[int, _Retry] = {}
-        self._finished: OrderedDict[int, None] = OrderedDict()
+        # Reports carried over from a previous run are finished attempts too: a server that never
+        # got their /started may still list them in `start`, and they must not run twice.
+        self._finished: OrderedDict[int, None] = OrderedDict.fromkeys(self.outbox.ids())
         self._poll = _Retry()
         self._next_heartbeat = 0.0
         # While the server gives no HTTP answer at all, every request would just wait for a
@@ -377,7 +379,7 @@ class Agent:
             # The server must see /started before /exit, or it would settle an attempt it never
             # saw start (its own clock, not ours, defines the billable window).
             if not self._send_started(attempt_id, now):
-                self.outbox.postpone(attempt_id, self._pending_started[attempt_id].next_at)
+                self.outbox.postpone(attempt_id, self._pending_started[attempt_id].next_at, count=False)
                 continue
             result = self.client.exit(attempt_id, entry.body)
             self._note(result)

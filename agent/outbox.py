@@ -63,9 +63,10 @@ class Outbox:
     def due(self, now: float) -> list[Entry]:
         return [e for e in sorted(self._entries.values(), key=lambda e: e.attempt_id) if e.next_at <= now]
 
-    def postpone(self, attempt_id: int, until: float) -> None:
+    def postpone(self, attempt_id: int, until: float, *, count: bool = True) -> None:
+        """Next try not before ``until``; ``count=False`` when waiting on something else (no backoff)."""
         entry = self._entries[attempt_id]
-        entry.tries += 1
+        entry.tries += int(count)
         entry.next_at = until
         # Persisting tries is not needed for correctness; skip the write on the hot retry path.
 
@@ -77,6 +78,9 @@ class Outbox:
         try:
             raw = path.read_text()
         except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("cannot read outbox %s: %s", path, exc, extra={"attempt": "-"})
             return
         try:
             data = json.loads(raw)
@@ -98,19 +102,27 @@ class Outbox:
     def _save(self) -> None:
         if self._path is None:
             return
+        try:
+            self._write(self._path)
+        except OSError as exc:
+            # A full or read-only disk must not stop delivery: the reports stay in memory and the
+            # next change tries the file again.
+            log.error("cannot persist outbox to %s: %s", self._path, exc, extra={"attempt": "-"})
+
+    def _write(self, path: Path) -> None:
         data = {
             "version": FILE_VERSION,
             "reports": [{"attempt_id": e.attempt_id, "body": e.body} for e in self._entries.values()],
         }
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # Write-to-temp, fsync, rename: a crash leaves either the old file or the new one, never half.
-        fd, tmp = tempfile.mkstemp(prefix=".outbox-", dir=self._path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".outbox-", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as fh:
                 json.dump(data, fh, sort_keys=True)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self._path)
+            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

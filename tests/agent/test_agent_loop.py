@@ -202,7 +202,7 @@ def test_conflict_or_client_error_on_exit_is_dropped_not_retried(
 
 def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, wait_for, tmp_path) -> None:
     state = tmp_path / "state"
-    fake_server.add_start(81, "sleep 0.2; exit 7")
+    fake_server.add_start(81, f"echo run >> {tmp_path}/runs; sleep 0.2; exit 7")
     first = run_agent(state_dir=state, shutdown_flush=0.2)
     wait_for(lambda: fake_server.started == {81}, what="started")
     fake_server.fail_status = 503
@@ -215,11 +215,16 @@ def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, w
 
     # The server still believes 81 runs on this node: the restarted agent must deliver the real
     # report from its outbox, not a "lost" one.
+    # It also still lists 81 in `start` (say its /started was lost): it must not run again.
     fake_server.fail_status = None
     fake_server.running_attempts = [81]
+    fake_server.repeat_starts = True
     run_agent(state_dir=state)
     (report,) = wait_for(lambda: fake_server.exits(81), what="exit delivered after restart")
     assert report.body["outcome"] == "failed" and report.body["exit_code"] == 7
+    polls = len(fake_server.seen("GET", f"{P}/assignments"))
+    wait_for(lambda: len(fake_server.seen("GET", f"{P}/assignments")) >= polls + 5, what="more polls")
+    assert (tmp_path / "runs").read_text() == "run\n"
     wait_for(lambda: json.loads(outbox_file.read_text())["reports"] == [], what="outbox emptied")
     assert (state / "jobs" / "attempt-81.log").exists()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -192,3 +193,13 @@ def test_runner_remembers_an_exited_attempt_until_its_exit_is_collected(wait_for
     (record,) = runner.take_exits()
     assert (record.attempt_id, record.outcome, record.exit_code, record.seq) == (1, "completed", 0, 1)
     assert not runner.stop(StopRequest(1, "cancelled", 1.0))
+
+
+def test_outbox_keeps_reports_in_memory_when_the_state_dir_is_unwritable(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    box = Outbox(blocker / "outbox.json")
+    assert box.add(ExitRecord(3, 1, 10, 0, None, "completed"))
+    assert box.ids() == [3]
+    box.remove(3)
+    assert len(box) == 0
