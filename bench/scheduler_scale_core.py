@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduling.core import (  # noqa: E402
+from scheduling.core import (
     Config,
     GpuType,
     Node,

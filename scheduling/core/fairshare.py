@@ -107,5 +107,6 @@ class DecayingUsage:
         value, since = self._values.get(key, (0.0, now))
         return self._decay(value, since, now)
 
-    def keys(self) -> list[object]:
-        return list(self._values)
+    def values_at(self, now: float) -> dict[object, float]:
+        """Every key's decayed value at `now` (what an adapter would put in a Usage)."""
+        return {k: self._decay(v, since, now) for k, (v, since) in self._values.items()}

@@ -1,0 +1,353 @@
+"""Replay a real GPU trace through the scheduling core with a simulated clock (no database).
+
+    python bench/replay.py --trace philly [--limit N] [--vcs 6214e9,b436b2] [--load 0.8]
+    python bench/replay.py --trace alibaba [--limit N]
+
+Runs FIFO, FIFO + EASY backfill and ours (fair share + backfill + preemption) on the same jobs and
+fleet in one run, and prints one table. Event-driven: a scheduling pass runs at every instant when
+something happens (arrival, completion, preempted job's exit), like a tick triggered early by a
+submission or a finish. Jobs run exactly their trace duration on the type they were placed on and
+are never killed early (requested wall = duration x U(1,3) >= duration). A preempted job keeps its
+progress up to its exit (it checkpoints during the grace period) and is queued again with its
+original submission time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _traces import Trace, TraceJob, load_alibaba, load_philly
+
+from scheduling.core import (
+    Config,
+    DecayingUsage,
+    PendingJob,
+    Place,
+    Preempt,
+    RunningJob,
+    Snapshot,
+    Usage,
+    schedule,
+)
+
+ARRIVE, FINISH, EXIT = 0, 1, 2
+
+
+@dataclass(slots=True)
+class JobStats:
+    """Outcome of one job under one policy."""
+
+    first_start: float | None = None
+    finish: float | None = None
+    run_seconds: float = 0.0
+    preempted: int = 0
+    gpu_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Attempt:
+    """The job's current run: where, since when, and how much of the job was left at start."""
+
+    running: RunningJob
+    start: float
+    remaining_at_start: float
+    end: float
+
+
+@dataclass
+class Sim:
+    trace: Trace
+    config: Config
+    label: str
+    stats: dict[int, JobStats] = field(default_factory=dict)
+    preemptions: int = 0
+    passes: int = 0
+
+    def run(self, progress: bool) -> None:
+        cfg = self.config
+        jobs = {j.id: j for j in self.trace.jobs}
+        nodes = {n.id: n for n in self.trace.nodes}
+        free = {n.id: set(n.free_gpu_indices) for n in self.trace.nodes}
+        node_objs = dict(nodes)
+        dirty: set[int] = set()
+        remaining = {j.id: 1.0 for j in self.trace.jobs}  # fraction of the job's work left
+        pending: dict[int, PendingJob] = {}
+        running: dict[int, Attempt] = {}
+        self.stats = {j.id: JobStats() for j in self.trace.jobs}
+        usage = DecayingUsage(cfg.fairshare_half_life_seconds)
+        last_accrual = 0.0
+        attempt_seq = 0
+        events: list[tuple[float, int, int, int]] = [(j.arrival, ARRIVE, j.id, 0) for j in self.trace.jobs]
+        heapq.heapify(events)
+        done = 0
+        total = len(jobs)
+        t_wall = time.monotonic()
+        while events:
+            now = events[0][0]
+            while events and events[0][0] == now:
+                _, kind, jid, attempt = heapq.heappop(events)
+                job = jobs[jid]
+                if kind == ARRIVE:
+                    pending[jid] = self._pending(job, job.arrival)
+                    continue
+                att = running.get(jid)
+                if att is None or att.running.attempt_id != attempt:
+                    continue  # stale: this attempt already ended
+                del running[jid]
+                for node_id, idx in att.running.allocations:
+                    free[node_id].update(idx)
+                    dirty.add(node_id)
+                st = self.stats[jid]
+                ran = now - att.start
+                st.run_seconds += ran
+                st.gpu_seconds += ran * job.gpu_count
+                if kind == FINISH:
+                    st.finish = now
+                    remaining[jid] = 0.0
+                    done += 1
+                else:  # EXIT after preemption: progress kept, queued again
+                    remaining[jid] = max(
+                        att.remaining_at_start - ran / job.duration[att.running.gpu_type], 0.0
+                    )
+                    if remaining[jid] <= 1e-9:
+                        st.finish = now
+                        done += 1
+                    else:
+                        pending[jid] = self._pending(job, job.arrival, remaining[jid])
+            # Fair-share usage accrues for running jobs up to now (GPU-seconds, decayed).
+            if now > last_accrual:
+                for att in running.values():
+                    r = att.running
+                    gs = (now - max(last_accrual, att.start)) * r.gpu_count
+                    usage.add(("o", r.org_id), gs, now)
+                    usage.add(("p", r.project_id), gs, now)
+                    usage.add(("u", r.project_id, r.user_id), gs, now)
+                last_accrual = now
+            if not pending:
+                continue
+            for node_id in dirty:
+                node_objs[node_id] = replace(nodes[node_id], free_gpu_indices=frozenset(free[node_id]))
+            dirty.clear()
+            snap = Snapshot(
+                now=now,
+                gpu_types=self.trace.gpu_types,
+                nodes=tuple(node_objs.values()),
+                running=tuple(a.running for a in running.values()),
+                pending=tuple(pending.values()),
+                usage=self._usage(usage, now) if cfg.policy == "fair" else Usage(),
+                config=cfg,
+            )
+            result = schedule(snap)
+            self.passes += 1
+            for d in result.decisions:
+                if isinstance(d, Place):
+                    job = jobs[d.job_id]
+                    pj = pending.pop(d.job_id)
+                    attempt_seq += 1
+                    rem = remaining[d.job_id]
+                    end = now + rem * job.duration[d.gpu_type]
+                    rj = RunningJob(
+                        id=job.id,
+                        attempt_id=attempt_seq,
+                        org_id=pj.org_id,
+                        project_id=pj.project_id,
+                        user_id=pj.user_id,
+                        priority_class=pj.priority_class,
+                        preemptible=pj.preemptible,
+                        gpu_type=d.gpu_type,
+                        allocations=d.allocations,
+                        started_at=now,
+                        max_wall_seconds=d.max_wall_seconds,
+                    )
+                    running[job.id] = Attempt(rj, now, rem, end)
+                    for node_id, idx in d.allocations:
+                        assert free[node_id].issuperset(idx), "double allocation"
+                        free[node_id].difference_update(idx)
+                        dirty.add(node_id)
+                    st = self.stats[job.id]
+                    if st.first_start is None:
+                        st.first_start = now
+                    heapq.heappush(events, (end, FINISH, job.id, attempt_seq))
+                elif isinstance(d, Preempt):
+                    att = running[d.job_id]
+                    att.running = replace(att.running, preemption_requested_at=now)
+                    self.preemptions += 1
+                    self.stats[d.job_id].preempted += 1
+                    exit_at = now + d.grace_seconds
+                    if exit_at < att.end:
+                        heapq.heappush(events, (exit_at, EXIT, d.job_id, att.running.attempt_id))
+            if progress and self.passes % 2000 == 0:
+                print(
+                    f"  [{self.label}] t={now / 86400:6.1f}d done={done}/{total} pending={len(pending)} "
+                    f"running={len(running)} passes={self.passes} ({time.monotonic() - t_wall:.0f}s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        unfinished = [jid for jid, st in self.stats.items() if st.finish is None]
+        if unfinished:
+            print(f"  [{self.label}] {len(unfinished)} jobs never finished (cannot fit)", file=sys.stderr)
+
+    def _pending(self, job: TraceJob, submitted: float, remaining: float = 1.0) -> PendingJob:
+        walls = tuple((t, d * remaining * job.wall_factor) for t, d in job.duration.items())
+        return PendingJob(
+            id=job.id,
+            org_id=job.team,
+            project_id=job.team,
+            user_id=job.user,
+            priority_class=job.priority_class,
+            gpu_count=job.gpu_count,
+            max_wall_seconds=max(w for _, w in walls),
+            submitted_at=submitted,
+            gpu_types=tuple(job.duration),
+            max_wall_by_type=walls,
+        )
+
+    @staticmethod
+    def _usage(usage: DecayingUsage, now: float) -> Usage:
+        org: dict[int, float] = {}
+        proj: dict[int, float] = {}
+        user: dict[tuple[int, int], float] = {}
+        for key, v in usage.values_at(now).items():
+            assert isinstance(key, tuple)
+            if key[0] == "o":
+                org[key[1]] = v
+            elif key[0] == "p":
+                proj[key[1]] = v
+            else:
+                user[(key[1], key[2])] = v
+        return Usage(org=org, project=proj, user=user)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def jain(xs: list[float]) -> float:
+    """Jain's index (sum x)^2 / (n sum x^2): 1 = perfectly equal, 1/n = one team takes all."""
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return float("nan")
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def metrics(sim: Sim) -> dict[str, float | str]:
+    trace = sim.trace
+    jct, qdelay, bsld_by_team = [], [], defaultdict(list)
+    worst: dict[str, float] = defaultdict(float)
+    busy = 0.0
+    first = min(j.arrival for j in trace.jobs)
+    last = first
+    for j in trace.jobs:
+        st = sim.stats[j.id]
+        busy += st.gpu_seconds
+        if st.finish is None:
+            continue
+        last = max(last, st.finish)
+        c = st.finish - j.arrival
+        wait = c - st.run_seconds
+        jct.append(c)
+        qdelay.append(wait)
+        worst[j.priority_class] = max(worst[j.priority_class], wait)
+        ideal = min(j.duration.values())
+        # Bounded slowdown: short jobs' ratios are bounded by a 10-minute floor.
+        bsld_by_team[j.team].append(max(1.0, c / max(ideal, 600.0)))
+    capacity = sum(n.gpu_count for n in trace.nodes) * (last - first)
+    out: dict[str, float | str] = {
+        "avg_jct_h": statistics.fmean(jct) / 3600,
+        "median_jct_h": _pct(jct, 0.5) / 3600,
+        "p99_jct_h": _pct(jct, 0.99) / 3600,
+        "avg_queue_h": statistics.fmean(qdelay) / 3600,
+        "util": busy / capacity if capacity else float("nan"),
+        "jain": jain([statistics.fmean(v) for v in bsld_by_team.values()]),
+        "preemptions": float(sim.preemptions),
+        "unfinished": float(sum(1 for st in sim.stats.values() if st.finish is None)),
+    }
+    for cls in ("production", "premium", "standard", "batch", "interactive"):
+        out[f"worst_wait_{cls}_h"] = worst.get(cls, 0.0) / 3600
+    return out
+
+
+POLICIES: list[tuple[str, Config]] = [
+    ("FIFO", Config(policy="fifo")),
+    ("FIFO+EASY", Config(policy="fifo_backfill")),
+    ("ours", Config(policy="fair")),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", choices=("philly", "alibaba"), required=True)
+    ap.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
+    ap.add_argument("--vcs", default=None, help="philly: comma-separated VC names (default all 15)")
+    ap.add_argument("--load", type=float, default=0.8, help="philly: offered load used to size the fleet")
+    ap.add_argument("--gpus-per-type", type=int, default=None, help="philly: override the fleet size")
+    ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    if args.trace == "philly":
+        trace = load_philly(
+            limit=args.limit,
+            vcs=args.vcs.split(",") if args.vcs else None,
+            load=args.load,
+            gpus_per_type=args.gpus_per_type,
+        )
+    else:
+        trace = load_alibaba(limit=args.limit)
+    for note in trace.notes:
+        print("#", note)
+    wanted = args.policies.split(",")
+    results: list[tuple[str, dict[str, float | str], float]] = []
+    for label, cfg in POLICIES:
+        if label not in wanted:
+            continue
+        sim = Sim(trace, cfg, label)
+        t0 = time.process_time()
+        sim.run(progress=not args.quiet)
+        cpu = time.process_time() - t0
+        print(f"  [{label}] {sim.passes} passes in {cpu:.1f}s CPU", file=sys.stderr)
+        results.append((label, metrics(sim), cpu))
+    rows = [
+        ("avg JCT (h)", "avg_jct_h", "{:.2f}"),
+        ("median JCT (h)", "median_jct_h", "{:.2f}"),
+        ("p99 JCT (h)", "p99_jct_h", "{:.1f}"),
+        ("avg queueing delay (h)", "avg_queue_h", "{:.2f}"),
+        ("GPU utilization", "util", "{:.3f}"),
+        ("Jain (team avg bounded slowdown)", "jain", "{:.3f}"),
+        ("preemptions", "preemptions", "{:.0f}"),
+        ("unfinished jobs", "unfinished", "{:.0f}"),
+    ] + [
+        (f"worst wait {c} (h)", f"worst_wait_{c}_h", "{:.1f}")
+        for c in ("production", "premium", "standard", "batch", "interactive")
+    ]
+    head = f"{'metric':<34}" + "".join(f"{label:>12}" for label, _, _ in results)
+    print(head)
+    print("-" * len(head))
+    for name, key, fmt in rows:
+        print(f"{name:<34}" + "".join(f"{fmt.format(m[key]):>12}" for _, m, _ in results))
+    print(f"{'replay CPU (s)':<34}" + "".join(f"{cpu:>12.1f}" for _, _, cpu in results))
+    by = {label: m for label, m, _ in results}
+    if all(k in by for k in ("FIFO", "FIFO+EASY", "ours")):
+        o, f, b = by["ours"], by["FIFO"], by["FIFO+EASY"]
+        print(
+            f"ours/FIFO avg JCT = {float(o['avg_jct_h']) / float(f['avg_jct_h']):.2f} (target <= 0.5); "
+            f"ours/FIFO+EASY = {float(o['avg_jct_h']) / float(b['avg_jct_h']):.2f} (target <= 0.8); "
+            f"util ours - FIFO+EASY = {float(o['util']) - float(b['util']):+.3f} (target >= 0); "
+            f"Jain ours = {float(o['jain']):.3f} (target >= 0.9)"
+        )
+
+
+if __name__ == "__main__":
+    main()

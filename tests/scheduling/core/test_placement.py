@@ -1,0 +1,112 @@
+"""Gang placement, GPU-type preference, memory floor, quotas, node states, reason codes."""
+
+from __future__ import annotations
+
+from scheduling.core import Quotas, schedule
+from scheduling.core import reasons as R
+from tests.scheduling.core.helpers import job, node, running, snap
+
+
+def test_gang_never_starts_partially() -> None:
+    # 6 free GPUs spread over two nodes: a 4-GPU gang fits one node, a 6-GPU gang fits none.
+    s = snap([node(1, free=[0, 1, 2]), node(2, free=[0, 1, 2])], [job(1, gpus=6)])
+    res = schedule(s)
+    assert res.placements == []
+    assert res.wait_reasons[1] == R.RESOURCES
+
+
+def test_single_node_gang_gets_all_gpus_on_one_node() -> None:
+    res = schedule(snap([node(1, free=[0, 1, 2]), node(2, free=range(8))], [job(1, gpus=4)]))
+    (p,) = res.placements
+    assert len(p.allocations) == 1 and p.allocations[0][0] == 2 and len(p.allocations[0][1]) == 4
+
+
+def test_best_fit_prefers_tightest_node() -> None:
+    nodes = [node(1, free=range(8)), node(2, free=[4, 5]), node(3, free=[0, 1, 2])]
+    res = schedule(snap(nodes, [job(1, gpus=2)]))
+    assert res.placements[0].allocations == ((2, (4, 5)),)
+
+
+def test_multi_node_gang_only_within_one_ib_group() -> None:
+    # 16 GPUs free in total, but 8 in group a and 8 in group b: must not start across groups.
+    nodes = [node(1, ib_group="a"), node(2, ib_group="b")]
+    res = schedule(snap(nodes, [job(1, gpus=16)]))
+    assert res.placements == []
+    nodes.append(node(3, ib_group="a"))
+    res = schedule(snap(nodes, [job(1, gpus=16)]))
+    (p,) = res.placements
+    assert {nid for nid, _ in p.allocations} == {1, 3}
+    assert sum(len(i) for _, i in p.allocations) == 16
+
+
+def test_multi_node_gang_prefers_same_nvlink_domain() -> None:
+    nodes = [
+        node(1, ib_group="a", nvlink_domain="x"),
+        node(2, ib_group="a", nvlink_domain="y"),
+        node(3, ib_group="a", nvlink_domain="y"),
+    ]
+    (p,) = schedule(snap(nodes, [job(1, gpus=16)])).placements
+    assert {nid for nid, _ in p.allocations} == {2, 3}
+
+
+def test_gpu_type_preference_in_order() -> None:
+    nodes = [node(1, "T4"), node(2, "A100"), node(3, "H100")]
+    (p,) = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("A100", "H100"))])).placements
+    assert p.gpu_type == "A100"
+    busy_a100 = [node(1, "T4"), node(2, "A100", free=[]), node(3, "H100")]
+    (p,) = schedule(snap(busy_a100, [job(1, gpus=8, gpu_types=("A100", "H100"))])).placements
+    assert p.gpu_type == "H100"
+
+
+def test_any_type_means_cheapest_first_and_rate_is_fixed_from_type() -> None:
+    (p,) = schedule(snap([node(1, "H100"), node(2, "T4")], [job(1)])).placements
+    assert p.gpu_type == "T4" and p.rate_micro_per_gpu_hour == 350_000
+
+
+def test_memory_floor_respected() -> None:
+    nodes = [node(1, "T4"), node(2, "A100", free=[])]
+    res = schedule(snap(nodes, [job(1, gpu_memory_gb=40)]))
+    assert res.placements == [] and res.wait_reasons[1] == R.RESOURCES
+    res = schedule(snap(nodes, [job(1, gpu_memory_gb=100)]))
+    assert res.wait_reasons[1] == R.NO_MATCHING_GPU_TYPE
+
+
+def test_quota_per_org_and_project_per_type() -> None:
+    nodes = [node(1, "H100"), node(2, "T4")]
+    run = [running(9, ((1, (0, 1, 2, 3)),), org_id=1, project_id=10)]
+    q = Quotas(org={(1, "H100"): 6})
+    res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100",))], run, quotas=q))
+    assert res.wait_reasons[1] == R.QUOTA
+    # Falls through to a type where quota allows.
+    res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100", "T4"))], run, quotas=q))
+    assert res.placements[0].gpu_type == "T4"
+    qp = Quotas(project={(10, "T4"): 5})
+    res = schedule(
+        snap(nodes, [job(1, gpus=4, gpu_types=("T4",)), job(2, gpus=4, gpu_types=("T4",))], quotas=qp)
+    )
+    assert [p.job_id for p in res.placements] == [1] and res.wait_reasons[2] == R.QUOTA
+
+
+def test_draining_unknown_down_nodes_get_nothing() -> None:
+    nodes = [node(1, state="draining"), node(2, state="unknown"), node(3, state="down")]
+    res = schedule(snap(nodes, [job(1)]))
+    assert res.placements == [] and res.wait_reasons[1] == R.RESOURCES
+
+
+def test_budget_and_every_job_gets_a_reason() -> None:
+    res = schedule(snap([node(1, free=[])], [job(1, budget_ok=False), job(2)]))
+    assert res.wait_reasons == {1: R.BUDGET, 2: R.RESOURCES}
+
+
+def test_region_constraint() -> None:
+    nodes = [node(1, region="eu"), node(2, region="us")]
+    (p,) = schedule(snap(nodes, [job(1, regions=("us",))])).placements
+    assert p.allocations[0][0] == 2
+
+
+def test_fifo_policy_blocks_behind_head() -> None:
+    s = snap(
+        [node(1, free=[0, 1])], [job(1, gpus=4, submitted=0), job(2, gpus=1, submitted=1)], policy="fifo"
+    )
+    res = schedule(s)
+    assert res.placements == [] and res.wait_reasons == {1: R.RESOURCES, 2: R.PRIORITY}
