@@ -1,22 +1,8 @@
-"""Usage to money: the one cost formula (DESIGN.md §2), pure and integer-only."""
+"""Usage to money (DESIGN.md §2). The one implementation is `scheduling.pricing.cost`:
+`cost(gpu_ms, rate) = ceil(gpu_ms * rate / 3_600_000)`; this module only re-exports it for metering
+callers. Charges are always `cost(total_now) - cost(total_before)`, so rounding never accumulates.
+"""
 
-from __future__ import annotations
+from scheduling.pricing import MS_PER_HOUR, cost
 
-MS_PER_HOUR = 3_600_000
-
-
-def cost(gpu_ms: int, rate: int) -> int:
-    """Micro-credits for `gpu_ms` GPU-milliseconds at `rate` micro-credits per GPU-hour, rounded up.
-
-    Charges are always `cost(total_now) - cost(total_before)`, so rounding never accumulates.
-    """
-    if gpu_ms < 0 or rate < 0:
-        raise ValueError("gpu_ms and rate must be >= 0")
-    return -((-gpu_ms * rate) // MS_PER_HOUR)
-
-
-def gpu_ms_for(amount: int, rate: int) -> int:
-    """The most GPU-milliseconds that `amount` micro-credits pay for at `rate` (inverse of cost)."""
-    if rate <= 0:
-        raise ValueError("rate must be > 0")
-    return max(0, amount) * MS_PER_HOUR // rate
+__all__ = ["MS_PER_HOUR", "cost"]

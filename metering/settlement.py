@@ -16,7 +16,7 @@ from config.clock import db_now
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
 from ledger.services import settle_hold
-from metering.cost import cost
+from metering.cost import MS_PER_HOUR, cost
 from metering.models import AttemptUsage
 from scheduling.models import JobAttempt
 
@@ -31,7 +31,7 @@ def captured_gpu_ms_for(*, billable: int, captured: int, rate: int) -> int:
     if cost(billable, rate) <= captured:
         return billable
     # The largest usage whose cost fits in `captured`: ceil rounding means cost(ms) <= captured.
-    return min(billable, captured * 3_600_000 // rate) if rate else billable
+    return min(billable, captured * MS_PER_HOUR // rate) if rate else billable
 
 
 def _budgets_for_settlement(hold: Hold, capture_total: int) -> tuple[int, int]:
