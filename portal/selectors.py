@@ -14,11 +14,8 @@ from scheduling.models import (
     AttemptState,
     Job,
     JobAttempt,
-    JobState,
     Node,
 )
-
-LIVE_JOB_STATES = (JobState.SCHEDULED, JobState.RUNNING)
 
 
 def user_jobs(*, user: AbstractBaseUser, limit: int = 50) -> QuerySet[Job]:

@@ -129,3 +129,17 @@ def test_logout_signs_out(world: World) -> None:
     response = client.post(reverse("portal:logout"))
     assert response.status_code == 302
     assert client.get("/").status_code == 302
+
+
+def test_home_page_query_count_does_not_grow_with_buckets(
+    world: World, django_assert_max_num_queries: object
+) -> None:
+    from tests.factories import fund
+
+    client = _client(world.alice)
+    with django_assert_max_num_queries(16):  # type: ignore[operator]
+        assert client.get("/").status_code == 200
+    for _ in range(10):
+        fund(world.acme, 1_000_000)
+    with django_assert_max_num_queries(16):  # type: ignore[operator]
+        assert client.get("/").status_code == 200

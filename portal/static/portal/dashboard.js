@@ -79,13 +79,14 @@
     svg.replaceChildren();
     if (points.length < 1) return;
     const max = Math.max(1, top);
-    const step = 240 / Math.max(HISTORY_MAX - 1, 1);
-    const start = 240 - step * (points.length - 1);
-    const coords = points.map(function (v, i) {
-      return (start + i * step).toFixed(1) + "," + (58 - (56 * v) / max).toFixed(1);
+    // Spread the points over the full width (they get denser as history fills up).
+    const series = points.length === 1 ? [points[0], points[0]] : points;
+    const step = 240 / (series.length - 1);
+    const coords = series.map(function (v, i) {
+      return (i * step).toFixed(1) + "," + (58 - (56 * v) / max).toFixed(1);
     });
     const area = document.createElementNS(SVG, "polygon");
-    area.setAttribute("points", start.toFixed(1) + ",60 " + coords.join(" ") + " 240,60");
+    area.setAttribute("points", "0,60 " + coords.join(" ") + " 240,60");
     area.setAttribute("class", "spark-area");
     const line = document.createElementNS(SVG, "polyline");
     line.setAttribute("points", coords.join(" "));
