@@ -1,0 +1,106 @@
+"""Preemption: only strictly lower, preemptible classes; min runtime; grace; no double counting."""
+
+from __future__ import annotations
+
+from scheduling.core import reasons as R
+from scheduling.core import schedule
+from tests.scheduling.core.helpers import job, node, running, snap
+
+NOW = 10_000.0
+
+
+def _full_node(cls: str = "batch", started: float = 0.0, **kw: object) -> list:
+    return [running(50, ((1, tuple(range(8))),), cls=cls, started=started, wall=99_999, **kw)]
+
+
+def test_higher_class_preempts_lower_with_grace() -> None:
+    res = schedule(
+        snap([node(1)], [job(1, gpus=8, cls="production")], _full_node(), now=NOW, grace_seconds=90)
+    )
+    (p,) = res.preemptions
+    assert (p.job_id, p.attempt_id, p.for_job_id, p.grace_seconds) == (50, 500, 1, 90)
+    # GPUs are not free until the victim exits: nothing is placed in this pass.
+    assert res.placements == [] and res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
+    assert res.reservations[0].start_at == NOW + 90
+
+
+def test_min_runtime_before_preemption() -> None:
+    run = _full_node(started=NOW - 100)
+    res = schedule(
+        snap(
+            [node(1)],
+            [job(1, gpus=8, cls="production")],
+            run,
+            now=NOW,
+            min_runtime_before_preemption_seconds=600,
+        )
+    )
+    assert res.preemptions == []
+    run = _full_node(started=NOW - 700)
+    res = schedule(
+        snap(
+            [node(1)],
+            [job(1, gpus=8, cls="production")],
+            run,
+            now=NOW,
+            min_runtime_before_preemption_seconds=600,
+        )
+    )
+    assert len(res.preemptions) == 1
+
+
+def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
+    for cls, preemptible, pending_cls in [
+        ("batch", False, "production"),  # job opted out
+        ("premium", True, "production"),  # class not preemptible for priority
+        ("standard", True, "standard"),  # same class
+        ("premium", True, "standard"),  # higher class
+        ("interactive", True, "batch"),  # batch cannot preempt (class config)
+    ]:
+        run = _full_node(cls=cls, preemptible=preemptible)
+        res = schedule(snap([node(1)], [job(1, gpus=8, cls=pending_cls)], run, now=NOW))
+        assert res.preemptions == [], (cls, preemptible, pending_cls)
+
+
+def test_signalled_victims_are_not_signalled_twice_nor_counted_twice() -> None:
+    run = [running(50, ((1, tuple(range(8))),), started=0, wall=99_999, preemption_requested_at=NOW - 10)]
+    pending = [job(1, gpus=8, cls="production", submitted=0), job(2, gpus=8, cls="production", submitted=1)]
+    res = schedule(snap([node(1)], pending, run, now=NOW))
+    assert res.preemptions == []  # job 1 counts on the already-exiting victim
+    assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
+    assert res.wait_reasons[2] != R.WAITING_FOR_PREEMPTION  # the same GPUs are not promised twice
+
+
+def test_fewest_lowest_class_victims() -> None:
+    nodes = [node(1), node(2)]
+    run = [
+        # node 1: one standard job on all 8 GPUs
+        running(60, ((1, tuple(range(8))),), cls="standard", started=0, wall=99_999),
+        # node 2: two interactive jobs of 4 GPUs each
+        running(70, ((2, (0, 1, 2, 3)),), cls="interactive", started=0, wall=99_999),
+        running(71, ((2, (4, 5, 6, 7)),), cls="interactive", started=0, wall=99_999),
+    ]
+    res = schedule(snap(nodes, [job(1, gpus=8, cls="production")], run, now=NOW))
+    assert [p.job_id for p in res.preemptions] == [60]  # one victim beats two
+    res = schedule(snap(nodes, [job(1, gpus=4, cls="production")], run, now=NOW))
+    assert len(res.preemptions) == 1 and res.preemptions[0].job_id in (70, 71)  # lowest class
+
+
+def test_prefers_over_share_victims() -> None:
+    from scheduling.core import Usage
+
+    run = [
+        running(70, ((1, (0, 1, 2, 3)),), cls="batch", started=0, wall=99_999, org_id=7, project_id=70),
+        running(71, ((1, (4, 5, 6, 7)),), cls="batch", started=0, wall=99_999, org_id=8, project_id=80),
+    ]
+    usage = Usage(org={7: 10.0, 8: 1000.0})
+    res = schedule(snap([node(1)], [job(1, gpus=4, cls="production")], run, now=NOW, usage=usage))
+    assert [p.job_id for p in res.preemptions] == [71]
+
+
+def test_no_preemption_in_baseline_policies() -> None:
+    for policy in ("fifo", "fifo_backfill"):
+        res = schedule(
+            snap([node(1)], [job(1, gpus=8, cls="production")], _full_node(), now=NOW, policy=policy)
+        )
+        assert res.preemptions == []

@@ -1,0 +1,118 @@
+"""Hypothesis: for random fleets and queues, no GPU is double-allocated, capacity is never exceeded,
+ready-only placement, and every pending job gets exactly one Place or Skip with a reason."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduling.core import Node, PendingJob, RunningJob, Snapshot, schedule
+from scheduling.core.reasons import is_wait_reason
+from tests.scheduling.core.helpers import TYPES, snap
+
+CLASSES = ("production", "premium", "standard", "batch", "interactive")
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    n_nodes = draw(st.integers(1, 8))
+    nodes: list[Node] = []
+    for nid in range(n_nodes):
+        gpus = draw(st.sampled_from((1, 2, 4, 8)))
+        nodes.append(
+            Node(
+                nid,
+                draw(st.sampled_from(sorted(TYPES))),
+                gpus,
+                frozenset(range(gpus)),
+                region=draw(st.sampled_from(("eu", "us"))),
+                nvlink_domain=f"nv{nid % 2}",
+                ib_group=draw(st.sampled_from(("", "a", "b"))),
+                state=draw(st.sampled_from(("ready", "ready", "ready", "draining", "unknown", "down"))),
+            )
+        )
+    run: list[RunningJob] = []
+    now = 100_000.0
+    for k in range(draw(st.integers(0, 8))):
+        n = draw(st.sampled_from(nodes))
+        free = sorted(
+            set(range(n.gpu_count)) - {i for r in run for m, idx in r.allocations if m == n.id for i in idx}
+        )
+        if not free:
+            continue
+        take = tuple(free[: draw(st.integers(1, len(free)))])
+        run.append(
+            RunningJob(
+                id=1000 + k,
+                attempt_id=1000 + k,
+                org_id=draw(st.integers(1, 3)),
+                project_id=draw(st.integers(1, 3)),
+                user_id=draw(st.integers(1, 3)),
+                priority_class=draw(st.sampled_from(CLASSES)),
+                preemptible=draw(st.booleans()),
+                gpu_type=n.gpu_type,
+                allocations=((n.id, take),),
+                started_at=now - draw(st.floats(0, 50_000)),
+                max_wall_seconds=draw(st.floats(60, 100_000)),
+                preemption_requested_at=draw(st.sampled_from((None, None, now - 30))),
+            )
+        )
+    pending = [
+        PendingJob(
+            id=k,
+            org_id=draw(st.integers(1, 3)),
+            project_id=draw(st.integers(1, 3)),
+            user_id=draw(st.integers(1, 3)),
+            priority_class=draw(st.sampled_from(CLASSES)),
+            gpu_count=draw(st.sampled_from((1, 1, 2, 3, 4, 8, 12, 16))),
+            max_wall_seconds=draw(st.floats(60, 100_000)),
+            submitted_at=now - draw(st.floats(0, 100_000)),
+            gpu_types=tuple(draw(st.lists(st.sampled_from(sorted(TYPES)), max_size=3, unique=True))),
+            gpu_memory_gb=draw(st.sampled_from((0, 0, 24, 80))),
+            regions=tuple(draw(st.lists(st.sampled_from(("eu", "us")), max_size=1))),
+            budget_ok=draw(st.booleans()) or draw(st.booleans()),
+        )
+        for k in range(draw(st.integers(0, 25)))
+    ]
+    policy = draw(st.sampled_from(("fair", "fair", "fifo", "fifo_backfill")))
+    return snap(nodes, pending, run, now=now, policy=policy, min_runtime_before_preemption_seconds=0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshots())
+def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> None:
+    res = schedule(s)
+    nodes = {n.id: n for n in s.nodes}
+    used: set[tuple[int, int]] = {(n, i) for r in s.running for n, idx in r.allocations for i in idx}
+    for p in res.placements:
+        job = next(j for j in s.pending if j.id == p.job_id)
+        assert sum(len(idx) for _, idx in p.allocations) == job.gpu_count  # whole gang or nothing
+        groups = set()
+        for nid, idx in p.allocations:
+            n = nodes[nid]
+            assert n.state == "ready" and n.gpu_type == p.gpu_type
+            assert TYPES[n.gpu_type].memory_gb >= job.gpu_memory_gb
+            assert not job.regions or n.region in job.regions
+            assert all(0 <= i < n.gpu_count for i in idx)
+            for i in idx:
+                assert (nid, i) not in used, "GPU double-allocated"
+                used.add((nid, i))
+            groups.add(n.ib_group or f"node:{nid}")
+        assert len(groups) == 1  # one node, or one IB group
+    for nid, n in nodes.items():
+        assert sum(1 for m, _ in used if m == nid) <= n.gpu_count
+    # Every pending job exactly once, with a Place or a Skip carrying a known reason.
+    decided = [d.job_id for d in res.decisions if not hasattr(d, "for_job_id")]
+    assert sorted(decided) == sorted(j.id for j in s.pending)
+    for sk in res.skips:
+        assert is_wait_reason(sk.reason_code) and res.wait_reasons[sk.job_id] == sk.reason_code
+    # Preemption only of preemptible, strictly lower-class jobs, each at most once.
+    rank = {c.name: c.rank for c in s.config.priority_classes}
+    victims = [p.job_id for p in res.preemptions]
+    assert len(victims) == len(set(victims))
+    for p in res.preemptions:
+        v = next(r for r in s.running if r.id == p.job_id)
+        j = next(x for x in s.pending if x.id == p.for_job_id)
+        assert v.preemptible and v.preemption_requested_at is None
+        assert rank[v.priority_class] < rank[j.priority_class]
+        assert v.priority_class not in ("production", "premium")
