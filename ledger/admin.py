@@ -1,0 +1,149 @@
+"""Finance in the Django admin: issue and void through services; journal, holds and buckets read-only."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from config.errors import DomainError
+from ledger.admin_forms import IssueCreditsForm, VoidForm
+from ledger.models import Bucket, Hold, HoldLine, LedgerTransaction, Posting
+from ledger.services import issue_credits, void_credits
+
+
+class ReadOnlyAdminMixin:
+    """Viewable with the view permission; nobody adds, changes or deletes rows here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class PostingInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = Posting
+    fields = ("account", "bucket", "amount")
+    readonly_fields = fields
+    extra = 0
+
+
+@admin.register(LedgerTransaction)
+class LedgerTransactionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "created_at", "org", "kind", "amount", "key", "hold", "request_id")
+    list_filter = ("kind", "created_at")
+    search_fields = ("key", "memo", "org__slug", "request_id", "=hold__id")
+    list_select_related = ("org",)
+    date_hierarchy = "created_at"
+    inlines = [PostingInline]
+
+
+class HoldLineInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = HoldLine
+    fields = ("bucket", "authorized", "captured", "released")
+    readonly_fields = fields
+    extra = 0
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "org", "project", "state", "authorized", "captured", "released", "reference",
+                    "created_at", "settled_at")
+    list_filter = ("state", "created_at")
+    search_fields = ("key", "reference", "org__slug", "project__slug")
+    list_select_related = ("org", "project")
+    inlines = [HoldLineInline]
+
+
+@admin.register(Bucket)
+class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Buckets are read-only; finance issues with the "Issue credits" view and voids with an action."""
+
+    list_display = ("id", "org", "project", "kind", "source", "granted", "available", "held", "spent",
+                    "expired", "voided", "effective_at", "expires_at", "reference")
+    list_filter = ("kind", "source", "expires_at", "effective_at")
+    search_fields = ("reference", "reason", "org__slug", "project__slug")
+    list_select_related = ("org", "project")
+    actions = ["void_available"]
+    change_list_template = "admin/ledger/bucket/change_list.html"
+
+    def has_issue_credits_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.issue_credits")
+
+    def has_void_credits_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.void_credits")
+
+    def get_urls(self) -> list[URLPattern]:
+        issue = path(
+            "issue/", self.admin_site.admin_view(self.issue_view), name="ledger_bucket_issue"
+        )
+        return [issue, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"can_issue": self.has_issue_credits_permission(request), **(extra_context or {})}
+        return super().changelist_view(request, extra_context=extra)
+
+    def issue_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_issue_credits_permission(request):
+            raise PermissionDenied
+        form = IssueCreditsForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                bucket = issue_credits(
+                    org=data["org"], amount=form.micro_credits(), kind=data["kind"],
+                    source=data["source"], reference=data["reference"], reason=data["reason"],
+                    effective_at=data["effective_at"], expires_at=data["expires_at"],
+                    project=data["project"], gpu_types=data["gpu_types"], actor=request.user,
+                )
+            except DomainError as error:
+                form.add_error(None, error.detail)
+            else:
+                self.message_user(request, f"Issued bucket {bucket.pk} ({bucket.granted} micro-credits).")
+                return HttpResponseRedirect(reverse("admin:ledger_bucket_change", args=[bucket.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Issue credits",
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/ledger/bucket/issue.html", context)
+
+    @admin.action(description="Void the available credits of the selected buckets",
+                  permissions=["void_credits"])
+    def void_available(self, request: HttpRequest, queryset: QuerySet[Bucket]) -> HttpResponse | None:
+        form = VoidForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            batch = uuid.uuid4().hex[:12]
+            for bucket in queryset.order_by("pk"):
+                try:
+                    void_credits(
+                        bucket=bucket, reason=form.cleaned_data["reason"], key=f"admin:{batch}:{bucket.pk}",
+                        actor=request.user,
+                    )
+                except DomainError as error:
+                    self.message_user(request, f"Bucket {bucket.pk}: {error.detail}", messages.WARNING)
+                else:
+                    self.message_user(request, f"Voided the available credits of bucket {bucket.pk}.")
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Void available credits",
+            "form": form,
+            "buckets": queryset,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/ledger/bucket/void.html", context)

@@ -1,0 +1,61 @@
+"""Finance forms for the admin: issuing credits and voiding with a reason (they call services)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+
+from accounts.models import Organization, Project
+from ledger.models import MICRO, BucketKind, BucketSource
+
+
+def _gpu_type_choices() -> list[tuple[str, str]]:
+    from scheduling.models import GpuType
+
+    return [(name, name) for name in GpuType.objects.order_by("name").values_list("name", flat=True)]
+
+
+class IssueCreditsForm(forms.Form):
+    """Purchase, grant or promotion to an org (optionally one project), with a mandatory reason."""
+
+    org = forms.ModelChoiceField(queryset=Organization.objects.order_by("slug"))
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.select_related("org").order_by("org__slug", "slug"), required=False,
+        help_text="Leave empty for credits usable by every project of the organization.",
+    )
+    source = forms.ChoiceField(choices=BucketSource.choices)
+    kind = forms.ChoiceField(choices=BucketKind.choices)
+    credits = forms.DecimalField(
+        min_value=Decimal("0.000001"), max_digits=18, decimal_places=6,
+        help_text="In credits (1 credit = 1,000,000 micro-credits).",
+    )
+    reference = forms.CharField(max_length=128, help_text="Invoice or grant id; issuing is idempotent by it.")
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    effective_at = forms.DateTimeField(required=False, help_text="Empty = now.")
+    expires_at = forms.DateTimeField(required=False, help_text="Empty = never.")
+    gpu_types = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="Empty = every GPU type.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_types"].choices = _gpu_type_choices()
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        project, org = data.get("project"), data.get("org")
+        if project is not None and org is not None and project.org_id != org.pk:
+            self.add_error("project", "This project belongs to another organization.")
+        return data
+
+    def micro_credits(self) -> int:
+        return int(self.cleaned_data["credits"] * MICRO)
+
+
+class VoidForm(forms.Form):
+    """The reason (mandatory) for voiding the selected buckets' available credits."""
+
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))

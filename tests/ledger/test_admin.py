@@ -1,0 +1,115 @@
+"""Finance in the admin: issue and void through services, read-only journal, permissions."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
+from ledger.services import place_hold
+from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def finance_client(client):
+    user = UserFactory(is_staff=True)
+    user.groups.add(Group.objects.get(name="finance"))
+    client.force_login(user)
+    client.user = user
+    return client
+
+
+@pytest.fixture
+def staff_client(client):
+    user = UserFactory(is_staff=True)
+    client.force_login(user)
+    return client
+
+
+def _issue_form(org, **overrides):
+    data = {
+        "org": org.pk, "project": "", "source": "grant", "kind": "promotional", "credits": "12.5",
+        "reference": "grant-7", "reason": "research grant", "effective_at": "", "expires_at": "",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_finance_issues_credits_through_the_service(finance_client) -> None:
+    org = OrganizationFactory()
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org))
+    assert response.status_code == 302
+    bucket = Bucket.objects.get(org=org)
+    assert (bucket.granted, bucket.available, bucket.kind) == (12_500_000, 12_500_000, "promotional")
+    assert bucket.created_by == finance_client.user
+    assert LedgerTransaction.objects.filter(kind="issue", org=org).count() == 1
+    event = AuditEvent.objects.get(action="ledger.issue", org_id=org.pk)
+    assert event.actor_id == str(finance_client.user.pk)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"reason": ""}, {"credits": "0"}, {"project": "other"},
+     {"effective_at": "2030-01-02 00:00", "expires_at": "2030-01-01 00:00"}],
+)
+def test_issue_form_rejects_bad_input(finance_client, overrides) -> None:
+    org = OrganizationFactory()
+    if overrides.get("project") == "other":
+        overrides = {"project": ProjectFactory().pk}
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org, **overrides))
+    assert response.status_code == 200
+    assert not Bucket.objects.filter(org=org).exists()
+
+
+def test_staff_without_permission_cannot_issue(staff_client) -> None:
+    org = OrganizationFactory()
+    response = staff_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org))
+    assert response.status_code == 403
+    assert not Bucket.objects.exists()
+
+
+def test_void_action_with_reason(finance_client) -> None:
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO)
+    place_hold(org=org, amount=3 * MICRO, key="h")
+    url = reverse("admin:ledger_bucket_changelist")
+    ask = finance_client.post(url, {"action": "void_available", "_selected_action": [bucket.pk]})
+    assert ask.status_code == 200 and b"reason" in ask.content
+    bucket.refresh_from_db()
+    assert bucket.voided == 0
+    done = finance_client.post(
+        url, {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "refund"}
+    )
+    assert done.status_code == 302
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.voided) == (0, 3 * MICRO, 7 * MICRO)
+
+
+def test_journal_holds_audit_are_viewable_but_read_only(finance_client) -> None:
+    org = OrganizationFactory()
+    fund(org, 10)
+    hold = place_hold(org=org, amount=4, key="h")
+    txn = LedgerTransaction.objects.filter(kind="hold").get()
+    event = AuditEvent.objects.filter(org_id=org.pk).first()
+    pages = [
+        reverse("admin:ledger_bucket_changelist") + "?q=fund",
+        reverse("admin:ledger_ledgertransaction_changelist") + "?kind__exact=hold",
+        reverse("admin:ledger_ledgertransaction_change", args=[txn.pk]),
+        reverse("admin:ledger_hold_changelist") + "?state__exact=active",
+        reverse("admin:ledger_hold_change", args=[hold.pk]),
+        reverse("admin:audit_auditevent_changelist") + "?action=ledger.hold",
+        reverse("admin:audit_auditevent_change", args=[event.pk]),
+    ]
+    for url in pages:
+        assert finance_client.get(url).status_code == 200, url
+    for name in ("ledger_bucket", "ledger_ledgertransaction", "ledger_hold", "audit_auditevent"):
+        assert finance_client.get(reverse(f"admin:{name}_add")).status_code == 403
+    bucket = Bucket.objects.get(org=org)
+    finance_client.post(reverse("admin:ledger_bucket_change", args=[bucket.pk]), {"available": 999})
+    bucket.refresh_from_db()
+    assert bucket.available == 6
+    assert Hold.objects.get(pk=hold.pk).authorized == 4
