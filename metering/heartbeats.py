@@ -1,10 +1,12 @@
 """Heartbeat ingestion: the hot path (DESIGN.md §8, §9).
 
 One request per node carries every running attempt on it. The whole batch is applied by ONE
-statement: an `UPDATE … FROM (VALUES …)` over the attempts' usage rows, joined to the attempt (state,
-start time on the DB clock, GPU count) and to its live allocation on *this* node, with the node's
-liveness stamp folded in as a data-modifying CTE. No bucket, budget or hold row is touched: the hold
-already covers the money; `charge_progress` turns usage into captures off the hot path.
+statement: an `UPDATE … FROM (unnest(arrays))` - the same plan as `UPDATE … FROM (VALUES …)`, with
+five bound arrays instead of five parameters per attempt - over the attempts' usage rows, joined to
+the attempt (state, start time on the DB clock, GPU count) and to its live allocation on *this*
+node, with the node's liveness stamp and the node's stop requests folded into the same statement.
+No bucket, budget or hold row is touched: the hold already covers the money; `charge_progress`
+turns usage into captures off the hot path.
 
 Idempotent by (attempt, seq) and order-free: the stored values only ever move forward
 (`GREATEST`), so a duplicate, a replay or a late, reordered heartbeat changes nothing. Billable
@@ -75,49 +77,36 @@ def merge(items: Iterable[HeartbeatItem]) -> list[HeartbeatItem]:
     return [best[k] for k in sorted(best)]
 
 
-def _cap_sql() -> tuple[str, list[object]]:
-    # Elapsed on the DB clock x GPUs x (1 + ratio), plus a per-GPU slack for the start handshake.
-    sql = (
-        "(GREATEST(0, FLOOR(EXTRACT(EPOCH FROM (now() - a.started_at)) * 1000.0 * a.gpu_count"
-        " * (1.0 + %s::double precision)))::bigint + %s::bigint * a.gpu_count)"
-    )
-    return sql, [conf.value("METERING_CAP_TOLERANCE_RATIO"), conf.seconds("METERING_CAP_SLACK_MS_PER_GPU")]
-
-
-def apply_usage(*, node_id: int, items: Sequence[HeartbeatItem], touch_node: bool = True) -> list[int]:
-    """Apply a batch in one statement; returns the attempt ids it updated (the accepted ones)."""
-    merged = merge(items)
-    if not merged and not touch_node:
-        return []
-    row = "(%s::bigint, %s::bigint, %s::bigint, %s::double precision, %s::bigint)"
-    values_sql = ", ".join([row] * len(merged))
-    params: list[object] = []
-    for it in merged:
-        params += [it.attempt_id, it.seq, it.cumulative_gpu_ms, it.gpu_utilization, it.memory_used_mb]
-    touch = ""
-    if touch_node:
-        # Liveness on the DB clock; a silent-then-back node (unknown/down) is ready again.
-        touch = (  # constants only, no values
-            f", touched AS (UPDATE {NODE} SET last_heartbeat_at = now(), state = CASE WHEN state IN"  # noqa: S608
-            f" ('{NodeState.UNKNOWN}', '{NodeState.DOWN}') THEN '{NodeState.READY}' ELSE state END"
-            " WHERE id = %s RETURNING id)"
-        )
-    if not merged:
-        with connection.cursor() as cursor:
-            cursor.execute(f"WITH noop AS (SELECT 1){touch} SELECT 1", [node_id])
-        return []
-    cap, cap_params = _cap_sql()
-    # Only table names and enum constants are interpolated; every value is a bound parameter.
-    sql = f"""
-        WITH v (attempt_id, seq, gpu_ms, util, mem) AS (VALUES {values_sql}),
-        ok AS (
-            SELECT v.attempt_id, v.seq, v.gpu_ms, v.util, v.mem, {cap} AS cap
-            FROM v JOIN {ATTEMPT} a ON a.id = v.attempt_id
-            WHERE a.state IN ('{AttemptState.RUNNING}', '{AttemptState.STOPPING}')
-              AND a.started_at IS NOT NULL
-              AND EXISTS (SELECT 1 FROM {ALLOC} al WHERE al.attempt_id = a.id
-                          AND al.node_id = %s AND al.released_at IS NULL)
-        ){touch}
+# One constant statement per batch (the text never depends on the batch size): the items arrive as
+# five parallel arrays, so binding costs five parameters, not five per attempt. Only table names
+# and enum constants are interpolated; every value is a bound parameter.
+HOT_SQL = f"""
+    WITH v AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(seqs)s::bigint[], %(ms)s::bigint[],
+                             %(utils)s::double precision[], %(mems)s::bigint[])
+            AS v (attempt_id, seq, gpu_ms, util, mem)
+    ),
+    ok AS (
+        SELECT v.attempt_id, v.seq, v.gpu_ms, v.util, v.mem,
+               -- the cap: elapsed on the DB clock x GPUs x (1 + ratio) + slack per GPU
+               GREATEST(0, FLOOR(EXTRACT(EPOCH FROM (now() - a.started_at)) * 1000.0 * a.gpu_count
+                                 * (1.0 + %(ratio)s::double precision)))::bigint
+                   + %(slack)s::bigint * a.gpu_count AS cap
+        FROM v JOIN {ATTEMPT} a ON a.id = v.attempt_id
+        WHERE a.state IN ('{AttemptState.RUNNING}', '{AttemptState.STOPPING}')
+          AND a.started_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM {ALLOC} al WHERE al.attempt_id = a.id
+                      AND al.node_id = %(node)s AND al.released_at IS NULL)
+    ),
+    touched AS (
+        -- liveness on the DB clock; a silent-then-back node (unknown/down) is ready again
+        UPDATE {NODE} SET last_heartbeat_at = now(),
+            state = CASE WHEN state IN ('{NodeState.UNKNOWN}', '{NodeState.DOWN}')
+                         THEN '{NodeState.READY}' ELSE state END
+        WHERE id = %(node)s AND %(touch)s::boolean
+        RETURNING id
+    ),
+    upd AS (
         UPDATE {USAGE} u SET
             reported_gpu_ms = GREATEST(u.reported_gpu_ms, ok.gpu_ms),
             billable_gpu_ms = GREATEST(u.billable_gpu_ms,
@@ -130,11 +119,43 @@ def apply_usage(*, node_id: int, items: Sequence[HeartbeatItem], touch_node: boo
         -- heartbeat racing a settlement can never move usage that has already been billed.
         FROM ok WHERE u.attempt_id = ok.attempt_id AND u.settled_at IS NULL
         RETURNING u.attempt_id
-    """  # noqa: S608
-    all_params = params + cap_params + [node_id] + ([node_id] if touch_node else [])
+    )
+    SELECT 'accepted', attempt_id, NULL, NULL FROM upd
+    UNION ALL
+    SELECT 'stop', a.id, a.stop_reason, a.grace_seconds FROM {ATTEMPT} a
+    WHERE %(stops)s::boolean AND a.state = '{AttemptState.STOPPING}'
+      AND EXISTS (SELECT 1 FROM {ALLOC} al WHERE al.attempt_id = a.id
+                  AND al.node_id = %(node)s AND al.released_at IS NULL)
+"""  # noqa: S608
+
+
+def apply_usage(
+    *, node_id: int, items: Sequence[HeartbeatItem], touch_node: bool = True, with_stops: bool = False
+) -> tuple[list[int], list[dict[str, object]]]:
+    """Apply a batch in ONE statement; returns (accepted attempt ids, this node's stop requests)."""
+    merged = merge(items)
+    params = {
+        "ids": [it.attempt_id for it in merged],
+        "seqs": [it.seq for it in merged],
+        "ms": [it.cumulative_gpu_ms for it in merged],
+        "utils": [it.gpu_utilization for it in merged],
+        "mems": [it.memory_used_mb for it in merged],
+        "ratio": conf.value("METERING_CAP_TOLERANCE_RATIO"),
+        "slack": conf.seconds("METERING_CAP_SLACK_MS_PER_GPU"),
+        "node": node_id,
+        "touch": touch_node,
+        "stops": with_stops,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(sql, all_params)
-        return sorted(row[0] for row in cursor.fetchall())
+        cursor.execute(HOT_SQL, params)
+        rows = cursor.fetchall()
+    accepted = sorted(row[1] for row in rows if row[0] == "accepted")
+    stops: list[dict[str, object]] = [
+        {"attempt_id": row[1], "reason": row[2] or "cancelled", "grace_seconds": row[3]}
+        for row in sorted(rows, key=lambda r: r[1])
+        if row[0] == "stop"
+    ]
+    return accepted, stops
 
 
 def ensure_usage_rows(*, node_id: int, attempt_ids: Iterable[int]) -> list[int]:
@@ -190,15 +211,20 @@ def stops_for_node(*, node_id: int, ended_ids: Iterable[int] = ()) -> list[dict[
 
 
 def ingest_heartbeats(*, node: Node, items: Sequence[HeartbeatItem]) -> IngestResult:
-    """Apply one node's heartbeat batch (autocommit: the single UPDATE is its own transaction)."""
+    """Apply one node's heartbeat batch: one statement (autocommit) in the common case.
+
+    Only when some items are rejected does it look further: a missing usage row is created and
+    the item retried; an attempt the server already ended is added to the stop list.
+    """
     merged = merge(items)
-    accepted = apply_usage(node_id=node.pk, items=merged)
+    accepted, stops = apply_usage(node_id=node.pk, items=merged, with_stops=True)
     missing = sorted({it.attempt_id for it in merged} - set(accepted))
     if missing and ensure_usage_rows(node_id=node.pk, attempt_ids=missing):
         # Rare: an attempt whose usage row was not created at start; retry just those items.
         retry = [it for it in merged if it.attempt_id in set(missing)]
-        accepted = sorted(set(accepted) | set(apply_usage(node_id=node.pk, items=retry, touch_node=False)))
+        again, _ = apply_usage(node_id=node.pk, items=retry, touch_node=False)
+        accepted = sorted(set(accepted) | set(again))
         missing = sorted({it.attempt_id for it in merged} - set(accepted))
-    return IngestResult(
-        accepted=accepted, rejected=missing, stop=stops_for_node(node_id=node.pk, ended_ids=missing)
-    )
+    if missing:
+        stops = stops_for_node(node_id=node.pk, ended_ids=missing)
+    return IngestResult(accepted=accepted, rejected=missing, stop=stops)

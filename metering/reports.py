@@ -130,7 +130,7 @@ def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResul
         if attempt.started_at is not None:
             ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt_id])
             item = HeartbeatItem(attempt_id, report.seq, report.cumulative_gpu_ms)
-            apply_usage(node_id=node.pk, items=[item], touch_node=True)
+            apply_usage(node_id=node.pk, items=[item])
         job = finish_attempt(attempt=attempt, outcome=report.outcome, exit_code=report.exit_code)
         attempt.refresh_from_db()
         return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=False)

@@ -56,8 +56,20 @@ def shift_started(attempt: JobAttempt, seconds: float) -> None:
     attempt.refresh_from_db()
 
 
+def ensure_priority_classes() -> None:
+    """Transactional tests flush the data migration's rows; put the defaults back."""
+    import importlib
+
+    defaults = importlib.import_module("scheduling.migrations.0002_default_priority_classes").DEFAULTS
+    for name, rank, preemptible, can_preempt in defaults:
+        PriorityClass.objects.get_or_create(
+            name=name, defaults={"rank": rank, "preemptible": preemptible, "can_preempt": can_preempt}
+        )
+
+
 @pytest.fixture
 def world(db: Any) -> World:
+    ensure_priority_classes()
     region = Region.objects.create(code="eu", name="Europe")
     h100 = GpuType.objects.create(name="H100", memory_gb=80)
     GpuPrice.objects.create(
