@@ -36,6 +36,7 @@ class Recorded:
     body: Any
     status: int
     at: float  # time.monotonic() when answered
+    wall: float  # time.time() when answered, to compare with file mtimes
 
 
 @dataclass
@@ -138,7 +139,15 @@ class FakeServer:
         with self.lock:
             status, payload = self._route(method, h.path, body)
             self.requests.append(
-                Recorded(method, h.path, h.headers.get("Authorization"), body, status, time.monotonic())
+                Recorded(
+                    method,
+                    h.path,
+                    h.headers.get("Authorization"),
+                    body,
+                    status,
+                    time.monotonic(),
+                    time.time(),
+                )
             )
         data = json.dumps(payload).encode()
         h.send_response(status)
