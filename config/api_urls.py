@@ -1,6 +1,8 @@
 """API v1 routes, gathered from each app's api package."""
 
-from django.urls import include, path
+from django.urls import include, path, re_path
+
+from config.api.views import api_not_found
 
 urlpatterns = [
     path("", include("accounts.api.urls")),
@@ -8,4 +10,6 @@ urlpatterns = [
     path("", include("ledger.api.urls")),
     path("", include("scheduling.api.urls")),
     path("agent/", include("metering.api.urls")),
+    # Anything else under /api/v1/ is a problem-details 404, not Django's HTML page (keep last).
+    re_path(r"^.*$", api_not_found),
 ]

@@ -3,6 +3,7 @@
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
@@ -28,6 +29,7 @@ from accounts.selectors import (
 from accounts.services import add_project_member, create_organization, create_project
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
+from config.api.serializers import PageQuerySerializer
 
 
 class OrgListCreateView(GenericAPIView):
@@ -37,8 +39,10 @@ class OrgListCreateView(GenericAPIView):
         self.rate_limit_scope = "finance" if self.request.method == "POST" else "default"
         return super().get_throttles()
 
-    @extend_schema(operation_id="orgs_list", responses=OrganizationSerializer(many=True))
+    @extend_schema(operation_id="orgs_list", parameters=[PageQuerySerializer],
+                   responses=OrganizationSerializer(many=True))
     def get(self, request: Request) -> Response:
+        PageQuerySerializer(data=request.query_params.dict()).is_valid(raise_exception=True)
         page = self.paginate_queryset(visible_orgs(request.user).order_by("id"))
         return self.get_paginated_response(OrganizationSerializer(page, many=True).data)
 
@@ -58,7 +62,7 @@ class OrgListCreateView(GenericAPIView):
         if "owner" in data:
             owner = get_user_model().objects.filter(username=data["owner"], is_active=True).first()
             if owner is None:
-                raise ValidationError({"owner": ["No such active user."]})
+                raise Http404("No such active user to make owner.")
             data["owner"] = owner
 
         def effect() -> tuple[int, Any]:

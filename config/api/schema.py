@@ -36,10 +36,15 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
     """Postprocessing hook: a `default` problem response everywhere, Idempotency-Key on writes."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["Problem"] = PROBLEM_SCHEMA
+    for name, component in schemas.items():
+        # Request bodies reject unknown fields (StrictSerializer), and say so.
+        if name.endswith("Request") and component.get("type") == "object":
+            component["additionalProperties"] = False
     ref = {"$ref": "#/components/schemas/Problem"}
     for path, operations in result.get("paths", {}).items():
         if not path.startswith("/api/v1/"):
             continue
+        client_api = not path.startswith("/api/v1/agent/")  # the agent protocol has its own rules
         for method, operation in operations.items():
             if method not in ("get", *MUTATING):
                 continue
@@ -48,8 +53,50 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
                 "description": "Error (problem details)",
                 "content": {PROBLEM_CONTENT_TYPE: {"schema": ref}},
             }
-            if method in MUTATING:
+            if method in MUTATING and client_api:
                 params = operation.setdefault("parameters", [])
                 if not any(p.get("name") == "Idempotency-Key" for p in params):
                     params.append(dict(IDEMPOTENCY_PARAMETER))
+    return result
+
+
+def _fleet_enums() -> dict[str, Any]:
+    """Names that exist now (GPU types, priority classes, regions), so clients see valid values."""
+    from accounts.models import Region
+    from scheduling.models import GpuType, PriorityClass
+
+    try:
+        return {
+            "gpu_types": sorted(GpuType.objects.values_list("name", flat=True)),
+            "max_memory": max(GpuType.objects.values_list("memory_gb", flat=True), default=None),
+            "priority_classes": sorted(PriorityClass.objects.values_list("name", flat=True)),
+            "regions": sorted(Region.objects.values_list("code", flat=True)),
+        }
+    except Exception:  # generated without a usable database (e.g. `manage.py spectacular`)
+        return {}
+
+
+def add_fleet_enums(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict:
+    """Postprocessing hook: enumerate the GPU types, priority classes and regions that exist."""
+    return apply_fleet_enums(result, _fleet_enums())
+
+
+def apply_fleet_enums(result: dict[str, Any], enums: dict[str, Any]) -> dict[str, Any]:
+    schemas = result.get("components", {}).get("schemas", {})
+    job = schemas.get("JobSubmitRequest", {}).get("properties", {})
+    if job and enums.get("gpu_types"):
+        job["gpu_types"]["items"]["enum"] = enums["gpu_types"]
+        job["gpu_types"]["uniqueItems"] = True
+        job["gpu_types"]["maxItems"] = min(job["gpu_types"].get("maxItems", 8), len(enums["gpu_types"]))
+    if job and enums.get("max_memory") is not None:
+        job["gpu_memory_gb"]["maximum"] = enums["max_memory"]
+    if job and enums.get("priority_classes"):
+        job["priority_class"]["enum"] = enums["priority_classes"]
+    if enums.get("regions"):
+        if job:
+            job["regions"]["items"]["enum"] = enums["regions"]
+            job["regions"]["uniqueItems"] = True
+        org = schemas.get("OrganizationCreateRequest", {}).get("properties", {})
+        if org:
+            org["home_region"]["enum"] = enums["regions"]
     return result

@@ -54,3 +54,10 @@ class StrictDateTimeField(serializers.DateTimeField):
 
 # Micro-credit amounts: positive, and far below BigInteger overflow even after summing.
 MAX_AMOUNT = 10**15
+
+
+class PageQuerySerializer(StrictSerializer):
+    """Query of a paginated list (unknown query parameters are rejected)."""
+
+    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)

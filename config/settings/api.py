@@ -15,6 +15,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["config.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "config.api.exceptions.problem_exception_handler",
+    # No OPTIONS metadata (it would describe objects outside the caller's tenancy).
+    "DEFAULT_METADATA_CLASS": None,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -28,6 +30,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.api.schema.add_problem_responses",
+        "config.api.schema.add_fleet_enums",
     ],
     "ENUM_NAME_OVERRIDES": {
         "JobStateEnum": "scheduling.models.JobState",

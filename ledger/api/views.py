@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,7 +22,6 @@ from ledger.api.serializers import (
     TransactionQuerySerializer,
     TransactionSerializer,
 )
-from ledger.models import TransactionKind
 from ledger.selectors import balance_breakdown, org_transactions
 from ledger.services import issue_credits
 
@@ -54,19 +53,14 @@ class OrgTransactionsView(GenericAPIView):
 
     @extend_schema(
         operation_id="orgs_transactions",
-        parameters=[
-            OpenApiParameter("since", str, description="ISO 8601, inclusive."),
-            OpenApiParameter("until", str, description="ISO 8601, exclusive."),
-            OpenApiParameter("kind", str, enum=list(TransactionKind.values)),
-            OpenApiParameter("page", int), OpenApiParameter("page_size", int),
-        ],
+        parameters=[TransactionQuerySerializer],
         responses=TransactionSerializer(many=True),
     )
     def get(self, request: Request, org_id: int) -> Response:
         org = get_visible_org(request.user, org_id)
         require_org_reader(request.user, org)
         enforce_org_limit(request, org_id=org.pk, scope="default")
-        query = TransactionQuerySerializer(data=request.query_params)
+        query = TransactionQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         filters = {k: query.validated_data.get(k) for k in ("since", "until", "kind")}
         journal = org_transactions(org=org, **filters)

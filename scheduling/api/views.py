@@ -4,7 +4,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
@@ -19,7 +19,7 @@ from scheduling.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
-from scheduling.models import Job, JobState
+from scheduling.models import Job
 from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
 
@@ -46,15 +46,11 @@ class JobListCreateView(GenericAPIView):
 
     @extend_schema(
         operation_id="jobs_list",
-        parameters=[
-            OpenApiParameter("project", int, description="Only jobs of this project."),
-            OpenApiParameter("state", str, enum=list(JobState.values)),
-            OpenApiParameter("page", int), OpenApiParameter("page_size", int),
-        ],
+        parameters=[JobListQuerySerializer],
         responses=JobSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        query = JobListQuerySerializer(data=request.query_params)
+        query = JobListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         jobs = visible_jobs(request.user).order_by("-submitted_at", "-id")
         if project := query.validated_data.get("project"):

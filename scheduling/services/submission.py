@@ -68,14 +68,14 @@ def _validate(spec: JobSpec) -> tuple[PriorityClass, bool]:
         preemptible = cls.preemptible if spec.preemptible is None else spec.preemptible
         # Opting out of preemption is a privilege of non-preemptible classes (e.g. production):
         # otherwise any batch job could pin GPUs that higher classes are entitled to reclaim.
-        if not preemptible and cls.preemptible:
-            errors["preemptible"] = [
-                f"Priority class {cls.name!r} is preemptible; only jobs of a non-preemptible class "
-                "may be submitted with preemptible=false."
-            ]
     if errors:
         raise SubmissionInvalid(errors)
     assert cls is not None
+    if not preemptible and cls.preemptible:
+        raise SubmissionForbidden(
+            f"Priority class {cls.name!r} is preemptible; only jobs of a non-preemptible class "
+            "(e.g. production) may opt out of preemption.", field="preemptible",
+        )
     return cls, preemptible
 
 

@@ -95,7 +95,6 @@ def test_insufficient_credits_is_402_with_needed_and_available(
         ({"gpu_types": ["TPU"]}, "gpu_types"),
         ({"priority_class": "vip"}, "priority_class"),
         ({"preemptible": "no"}, "preemptible"),
-        ({"preemptible": False}, "preemptible"),  # standard is a preemptible class
         ({"regions": ["mars"]}, "regions"),
         ({"colour": "blue"}, "colour"),
     ],
@@ -109,6 +108,15 @@ def test_invalid_bodies_are_400_and_write_nothing(
     assert body["type"] == "validation-error"
     if field:
         assert field in body["errors"]
+    nothing_written()
+
+
+def test_opting_out_of_preemption_is_a_privilege_of_non_preemptible_classes(
+    api: APIClient, job_body: Callable
+) -> None:
+    response = post(api, job_body(priority_class="standard", preemptible=False))
+    assert response.status_code == 403
+    assert response.json()["type"] == "permission-denied" and response.json()["field"] == "preemptible"
     nothing_written()
 
 

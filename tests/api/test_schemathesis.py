@@ -1,0 +1,71 @@
+"""Schemathesis (stateless) against our OpenAPI schema, through the WSGI app: zero failures."""
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from django.contrib.auth.models import Group
+from django.core import signals
+from django.db import close_old_connections
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import HealthCheck, settings
+
+from accounts.models import Region
+from accounts.services import create_api_key
+from config.api.schema import apply_fleet_enums
+from config.wsgi import application
+from tests.api.conftest import PRIORITY_CLASSES
+from tests.api.factories import make_tenant
+
+
+def _schema() -> dict[str, Any]:
+    # Generated in-process at collection time (no database yet), then given the names that the
+    # fixtures below create — what /api/schema/ enumerates from the database in production.
+    raw = SchemaGenerator().get_schema(request=None, public=True)
+    enums = {"gpu_types": ["A100", "H100", "L4"], "max_memory": 80,
+             "priority_classes": sorted(name for name, *_ in PRIORITY_CLASSES), "regions": ["eu", "us"]}
+    return apply_fleet_enums(raw, enums)
+
+
+# The node-agent protocol (/api/v1/agent/) authenticates nodes, not API keys; metering tests it.
+_loaded = schemathesis.openapi.from_dict(_schema())
+_loaded.app = application  # call the WSGI app in-process (what from_wsgi does)
+schema = _loaded.exclude(path_regex="^/api/v1/agent/")
+
+
+@pytest.fixture
+def _keep_test_connection() -> Iterator[None]:
+    # The raw WSGI handler closes the DB connection after each request (request_finished);
+    # Django's test client disconnects that handler too, so the test transaction survives.
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def auth_header(_keep_test_connection: None, fleet: dict) -> dict[str, str]:
+    for code in ("eu", "us"):
+        Region.objects.get_or_create(code=code, defaults={"name": code})
+    tenant = make_tenant(funds=10**14)
+    # Finance sees every org, so generated ids reach real objects as well as 404s.
+    tenant.admin.groups.add(Group.objects.get_or_create(name="finance")[0])
+    _key, raw = create_api_key(user=tenant.admin, name="schemathesis")
+    return {"Authorization": f"Bearer {raw}"}
+
+
+@pytest.mark.django_db
+@schema.parametrize()
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+def test_api_conforms_to_its_schema(case: Any, auth_header: dict[str, str]) -> None:
+    headers = dict(auth_header)
+    if case.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):
+        # Like a real client: a fresh key per intended effect. (Hypothesis would otherwise reuse
+        # minimal keys such as "0" across different bodies, which is a correct 422.)
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    case.call_and_validate(headers=headers)
