@@ -91,7 +91,15 @@ def seed(senders: int, batch: int) -> Fleet:
     from ledger.services import issue_credits, place_hold
     from metering.models import AttemptUsage
     from scheduling.models import (
-        Allocation, AttemptState, GpuType, Job, JobAttempt, JobState, Node, NodeState, PriorityClass,
+        Allocation,
+        AttemptState,
+        GpuType,
+        Job,
+        JobAttempt,
+        JobState,
+        Node,
+        NodeState,
+        PriorityClass,
     )
     from scheduling.services.nodes import issue_node_token
 
@@ -131,8 +139,10 @@ def seed(senders: int, batch: int) -> Fleet:
     return Fleet(nodes)
 
 
-def run_phase(name: str, fleet: Fleet, seconds: float, send: Callable[[int, int, list[tuple[int, int, int]]], None]
-              ) -> Phase:
+Send = Callable[[int, int, list[tuple[int, int, int]]], None]
+
+
+def run_phase(name: str, fleet: Fleet, seconds: float, send: Send) -> Phase:
     """Each sender loops: bump every attempt's seq and cumulative usage, send one batch."""
     latencies: list[float] = []
     counted = [0]
@@ -174,8 +184,10 @@ RAW_SQL = """
 """
 
 
-def raw_sql_sender(senders: int) -> Callable[[int, int, list[tuple[int, int, int]]], None]:
+def raw_sql_sender(senders: int) -> Send:
     conns = [psycopg.connect(ENV["DATABASE_URL"], autocommit=True) for _ in range(senders)]
+    for conn in conns:  # the same durability as the service's heartbeat commits (asynchronous)
+        conn.execute("SET synchronous_commit = off")
 
     def send(index: int, node_id: int, batch: list[tuple[int, int, int]]) -> None:
         rows = ", ".join(["(%s::bigint, %s::bigint, %s::bigint)"] * len(batch))
@@ -184,7 +196,7 @@ def raw_sql_sender(senders: int) -> Callable[[int, int, list[tuple[int, int, int
     return send
 
 
-def service_sender() -> Callable[[int, int, list[tuple[int, int, int]]], None]:
+def service_sender() -> Send:
     from django.db import connection
 
     from metering.heartbeats import HeartbeatItem
@@ -201,7 +213,7 @@ def service_sender() -> Callable[[int, int, list[tuple[int, int, int]]], None]:
     return send
 
 
-def http_sender(fleet: Fleet, port: int) -> Callable[[int, int, list[tuple[int, int, int]]], None]:
+def http_sender(fleet: Fleet, port: int) -> Send:
     clients = [
         httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                      timeout=30)
@@ -211,7 +223,8 @@ def http_sender(fleet: Fleet, port: int) -> Callable[[int, int, list[tuple[int, 
 
     def send(index: int, node_id: int, batch: list[tuple[int, int, int]]) -> None:
         body = {"attempts": [
-            {"attempt_id": a, "seq": s, "cumulative_gpu_ms": ms, "gpu_utilization": 50.0, "memory_used_mb": 1024}
+            {"attempt_id": a, "seq": s, "cumulative_gpu_ms": ms, "gpu_utilization": 50.0,
+             "memory_used_mb": 1024}
             for a, s, ms in batch
         ]}
         response = clients[index].post("/api/v1/agent/heartbeats", json=body)
@@ -246,7 +259,8 @@ def verify(fleet: Fleet) -> tuple[int, int]:
     """(lost, double-counted): attempts whose stored usage is below / above the max sent."""
     with psycopg.connect(ENV["DATABASE_URL"]) as conn:
         stored = dict(conn.execute(
-            "SELECT attempt_id, billable_gpu_ms FROM metering_attemptusage WHERE reported_gpu_ms = billable_gpu_ms"
+            "SELECT attempt_id, billable_gpu_ms FROM metering_attemptusage"
+            " WHERE reported_gpu_ms = billable_gpu_ms"
         ).fetchall())
     lost = sum(1 for a, ms in fleet.sent.items() if stored.get(a, -1) < ms)
     double = sum(1 for a, ms in fleet.sent.items() if stored.get(a, -1) > ms)
@@ -254,12 +268,14 @@ def verify(fleet: Fleet) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args()
     recreate_database()
     fleet = seed(args.senders, args.batch)
@@ -274,8 +290,8 @@ def main() -> None:
         proc.wait(timeout=30)
     lost, double = verify(fleet)
     base = phases[0].rate
-    print(f"heartbeats: {args.senders} senders x {args.batch} attempts/request, {args.seconds:.0f}s per phase, "
-          f"gunicorn {args.workers}w x {args.threads}t, {os.cpu_count()} CPUs")
+    print(f"heartbeats: {args.senders} senders x {args.batch} attempts/request, "
+          f"{args.seconds:.0f}s per phase, gunicorn {args.workers}w x {args.threads}t, {os.cpu_count()} CPUs")
     print(f"{'phase':<22}{'job-hb/s':>12}{'ratio':>8}{'p50 ms':>9}{'p99 ms':>9}{'batches':>9}")
     for p in phases:
         print(f"{p.name:<22}{p.rate:>12,.0f}{p.rate / base:>8.2f}{p.pct(0.5):>9.1f}{p.pct(0.99):>9.1f}"

@@ -77,14 +77,27 @@ def merge(items: Iterable[HeartbeatItem]) -> list[HeartbeatItem]:
     return [best[k] for k in sorted(best)]
 
 
+# Heartbeats commit asynchronously (synchronous_commit=off for that transaction only): a crash
+# can lose at most the last few hundred milliseconds of heartbeats, which the next heartbeat
+# carries again because usage is cumulative. Money (captures, settlement) always commits
+# synchronously. Never a correctness risk: the database stays consistent, only recent
+# heartbeats may be forgotten.
+ASYNC_COMMIT = True
+
 # One constant statement per batch (the text never depends on the batch size): the items arrive as
 # five parallel arrays, so binding costs five parameters, not five per attempt. Only table names
 # and enum constants are interpolated; every value is a bound parameter.
 HOT_SQL = f"""
-    WITH v AS (
-        SELECT * FROM unnest(%(ids)s::bigint[], %(seqs)s::bigint[], %(ms)s::bigint[],
-                             %(utils)s::double precision[], %(mems)s::bigint[])
-            AS v (attempt_id, seq, gpu_ms, util, mem)
+    WITH cfg AS MATERIALIZED (
+        -- Asynchronous commit for a standalone heartbeat (see ASYNC_COMMIT); the caller's setting
+        -- otherwise. LATERAL below makes this run first, whatever the batch holds.
+        SELECT set_config('synchronous_commit', CASE WHEN %(async)s::boolean THEN 'off'
+                          ELSE current_setting('synchronous_commit') END, true) AS mode
+    ),
+    v AS (
+        SELECT v.* FROM cfg CROSS JOIN LATERAL unnest(
+            %(ids)s::bigint[], %(seqs)s::bigint[], %(ms)s::bigint[],
+            %(utils)s::double precision[], %(mems)s::bigint[]) AS v (attempt_id, seq, gpu_ms, util, mem)
     ),
     ok AS (
         SELECT v.attempt_id, v.seq, v.gpu_ms, v.util, v.mem,
@@ -145,6 +158,9 @@ def apply_usage(
         "node": node_id,
         "touch": touch_node,
         "stops": with_stops,
+        # Only a statement that is its own transaction: inside a caller's atomic() (an exit report
+        # settling money) the commit must stay synchronous.
+        "async": ASYNC_COMMIT and not connection.in_atomic_block,
     }
     with connection.cursor() as cursor:
         cursor.execute(HOT_SQL, params)
