@@ -126,8 +126,15 @@ def load_philly(
         )
     # Fleet: equal GPUs of each type, sized so the offered load is `load` of capacity, where each
     # type's capacity is weighted by the jobs' average speed on it relative to H100.
-    span = max(j.arrival for j in jobs) - min(j.arrival for j in jobs) or 1.0
-    work = sum(j.gpu_count * j.duration.get("H100", min(j.duration.values())) for j in jobs)
+    first, last = min(j.arrival for j in jobs), max(j.arrival for j in jobs)
+    span = last - first or 1.0
+    # Offered load = average H100 GPUs busy during the arrival window if every job started on
+    # arrival on H100 (work past the window is clipped, so --limit runs are sized like full ones).
+    work = sum(
+        j.gpu_count
+        * max(0.0, min(last, j.arrival + j.duration.get("H100", min(j.duration.values()))) - j.arrival)
+        for j in jobs
+    )
     eff = {}
     for t in ("H100", "A100", "T4"):
         num = sum(j.gpu_count * j.duration["H100"] for j in jobs if "H100" in j.duration and t in j.duration)

@@ -168,6 +168,7 @@ class Sim:
                         allocations=d.allocations,
                         started_at=now,
                         max_wall_seconds=d.max_wall_seconds,
+                        submitted_at=pj.submitted_at,
                     )
                     running[job.id] = Attempt(rj, now, rem, end)
                     for node_id, idx in d.allocations:

@@ -78,12 +78,18 @@ def job_priority(
     fairshare_weight + size_weight < 1 keeps classes strictly ordered for fresh jobs; aging grows
     without bound so any job eventually outranks a stream of newer, higher-class or under-share jobs.
     """
-    age = max(now - job.submitted_at, 0.0)
+    return priority_value(class_rank, fs, job.gpu_count, wall, now - job.submitted_at, config)
+
+
+def priority_value(
+    class_rank: int, fs: float, gpu_count: int, wall: float, waited: float, config: Config
+) -> float:
+    """The priority formula itself, shared by queued jobs and by running jobs as if re-queued."""
     return (
         class_rank
         + config.fairshare_weight * fs
-        + config.size_weight * size_factor(job.gpu_count, wall)
-        + age / config.aging_seconds_per_class
+        + config.size_weight * size_factor(gpu_count, wall)
+        + max(waited, 0.0) / config.aging_seconds_per_class
     )
 
 

@@ -108,6 +108,8 @@ class RunningJob:
     started_at: float
     max_wall_seconds: float
     preemption_requested_at: float | None = None
+    submitted_at: float | None = None
+    """Original submission time; a preempted job re-queues with it (defaults to `started_at`)."""
 
     @property
     def gpu_count(self) -> int:

@@ -35,12 +35,14 @@ class VictimIndex:
         rank_of: Callable[[str], int],
         preemptible_class: Callable[[str], bool],
         fs_of: Callable[[RunningJob], float],
+        prio_of: Callable[[RunningJob], float],
         now: float,
         min_runtime: float,
     ) -> None:
         self.by_node: dict[int, list[RunningJob]] = defaultdict(list)
         self.rank: dict[int, int] = {}
         self.fs: dict[int, float] = {}
+        self.prio: dict[int, float] = {}
         self.claimed: set[int] = set()
         for job in running:
             on_ready = all(n in state.node for n, _ in job.allocations)
@@ -56,6 +58,7 @@ class VictimIndex:
                 continue
             self.rank[job.id] = rank_of(job.priority_class)
             self.fs[job.id] = fs_of(job)
+            self.prio[job.id] = prio_of(job)
             for node_id, _ in job.allocations:
                 self.by_node[node_id].append(job)
         self.min_rank_by_node = {n: min(self.rank[j.id] for j in js) for n, js in self.by_node.items()}
@@ -89,13 +92,26 @@ class VictimIndex:
         return (len(new), top, sum(self.fs[v.id] for v in new), stranded)
 
     def plan(
-        self, state: FleetState, gpu_type: str, g: int, regions: tuple[str, ...], rank: int
+        self,
+        state: FleetState,
+        gpu_type: str,
+        g: int,
+        regions: tuple[str, ...],
+        rank: int,
+        priority: float,
     ) -> Plan | None:
-        """Best plan for a gang of g on `gpu_type` for a job of class `rank`, or None."""
+        """Best plan for a gang of g on `gpu_type` for a job of class `rank`, or None.
+
+        A victim must be of a strictly lower class *and* rank below the preemptor if it were queued
+        again now (its aging included). Without the second rule an aged victim re-queues ahead of
+        its preemptor, takes its GPUs back, and the preemptor preempts someone else: a storm.
+        """
         best: Plan | None = None
 
         def usable(job: RunningJob) -> bool:
-            return job.id not in self.claimed and self.rank[job.id] < rank and job.gpu_type == gpu_type
+            if job.id in self.claimed or job.gpu_type != gpu_type or self.rank[job.id] >= rank:
+                return False
+            return job.preemption_requested_at is not None or self.prio[job.id] < priority
 
         if not state.is_multi(gpu_type, g):
             for node_id, jobs in self.by_node.items():

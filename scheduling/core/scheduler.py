@@ -7,7 +7,7 @@ from collections import defaultdict
 from scheduling.core import reasons
 from scheduling.core.backfill import Release, earliest_start, releases_by_type
 from scheduling.core.decisions import Place, Preempt, Reservation, Result, Skip
-from scheduling.core.fairshare import fair_tree_factors, job_priority
+from scheduling.core.fairshare import fair_tree_factors, job_priority, priority_value
 from scheduling.core.model import (
     Allocation,
     GpuType,
@@ -61,6 +61,7 @@ class _Pass:
         self.base_releases: dict[str, list[Release]] | None = None
         self.excluded: set[tuple[int, int]] = set()  # running GPUs promised to a preempting job
         self.fs: dict[tuple[int, int, int], float] = {}
+        self.prio: dict[int, float] = {}
         self.victims: VictimIndex | None = None
         self._holding: dict[str, list[Reservation]] = {}  # cache, dropped when masks change
         self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
@@ -76,7 +77,7 @@ class _Pass:
         users = {(j.org_id, j.project_id, j.user_id) for j in pending}
         users.update((r.org_id, r.project_id, r.user_id) for r in self.snap.running)
         self.fs = fair_tree_factors(users, self.snap.usage, self.snap.shares)
-        prio: dict[int, float] = {}
+        prio = self.prio
         for j in pending:
             accept = self.acceptable(j)
             wall = j.wall_on(accept[0].name) if accept else j.max_wall_seconds
@@ -255,6 +256,7 @@ class _Pass:
                 lambda n: self.cls(n).rank,
                 lambda n: self.cls(n).preemptible_by_higher,
                 self._running_fs,
+                self._requeue_priority,
                 self.now,
                 self.cfg.min_runtime_before_preemption_seconds,
             )
@@ -266,7 +268,7 @@ class _Pass:
             if self.preempt_attempts >= self.cfg.max_preemption_attempts:
                 return False
             self.preempt_attempts += 1
-            plan = self.victims.plan(self.state, t, job.gpu_count, job.regions, rank)
+            plan = self.victims.plan(self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id])
             if plan is None:
                 self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
                 continue
@@ -290,6 +292,15 @@ class _Pass:
     def _exit_by(self, v: RunningJob) -> float:
         signalled = v.preemption_requested_at if v.preemption_requested_at is not None else self.now
         return max(self.now, min(signalled + self.cfg.grace_seconds, v.started_at + v.max_wall_seconds))
+
+    def _requeue_priority(self, job: RunningJob) -> float:
+        """The priority a running job would have if preempted and queued again now."""
+        submitted = job.submitted_at if job.submitted_at is not None else job.started_at
+        rank = self.cls(job.priority_class).rank
+        wall = job.max_wall_seconds
+        return priority_value(
+            rank, self._running_fs(job), job.gpu_count, wall, self.now - submitted, self.cfg
+        )
 
     def _running_fs(self, job: RunningJob) -> float:
         return self.fs.get((job.org_id, job.project_id, job.user_id), 1.0)
