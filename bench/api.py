@@ -1,0 +1,218 @@
+"""Submissions per second over HTTP vs. calling `submit_job` directly, in the same run.
+
+Run: `.venv/bin/python bench/api.py [--requests 2000] [--clients 16] [--workers 4]`
+Needs PostgreSQL and Redis on localhost. Creates (and drops) the database `gpubank_bench_api`,
+starts gunicorn on a free loopback port (production settings: PostgreSQL, Redis, DEBUG off),
+submits from 16 concurrent HTTP clients — one hot org, then spread over 100 orgs — and prints
+throughput, p50/p99 latency and the ratio to the in-process `submit_job` baseline.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DB = "gpubank_bench_api"
+ENV = {
+    "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
+    "REDIS_URL": "redis://127.0.0.1:6379/14",
+    "SECRET_KEY": "bench-only",
+    "SECURE_SSL_REDIRECT": "false",
+    "ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "LOG_LEVEL": "WARNING",
+    "CONN_MAX_AGE": "600",
+    "API_RATE_LIMITS": json.dumps({"default": {"key": "1000000/minute", "org": "1000000/minute"}}),
+    "DJANGO_SETTINGS_MODULE": "config.settings",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_database() -> None:
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {DB}"], check=True
+    )
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {DB}"], check=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ, **ENV}, check=True
+    )
+
+
+def seed(orgs: int) -> tuple[list[tuple[int, str]], object]:
+    """Create `orgs` funded orgs with one project + member + API key each; return (project, key)."""
+    os.environ.update(ENV)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from accounts.models import Membership, Organization, Project
+    from accounts.services import create_api_key
+    from ledger.services import issue_credits
+    from scheduling.models import GpuPrice, GpuType
+
+    gpu, _ = GpuType.objects.get_or_create(name="H100", defaults={"memory_gb": 80})
+    GpuPrice.objects.get_or_create(
+        gpu_type=gpu,
+        effective_from=timezone.now() - timezone.timedelta(days=1),
+        defaults={"price_per_gpu_hour": 4_000_000},
+    )
+    out = []
+    for i in range(orgs):
+        org = Organization.objects.create(name=f"bench {i}", slug=f"bench-{i}", max_inflight_submissions=64)
+        project = Project.objects.create(org=org, name="p", slug="p")
+        user = get_user_model().objects.create(username=f"bench{i}")
+        Membership.objects.create(project=project, user=user)
+        issue_credits(
+            org=org, amount=10**15, kind="paid", source="purchase", reference="bench", reason="bench"
+        )
+        out.append((project.pk, create_api_key(user=user, name="bench")[1]))
+    return out, user
+
+
+def body(project_id: int) -> dict:
+    return {
+        "project": project_id,
+        "name": "bench",
+        "gpu_types": ["H100"],
+        "gpu_count": 1,
+        "max_wall_seconds": 600,
+        "priority_class": "batch",
+    }
+
+
+def http_run(port: int, targets: list[tuple[int, str]], requests: int, clients: int) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    codes: dict[int, int] = {}
+    local = threading.local()
+
+    def one(i: int) -> None:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        project, key = targets[i % len(targets)]
+        start = time.perf_counter()
+        r = local.client.post(
+            "/api/v1/jobs",
+            json=body(project),
+            headers={"Authorization": f"Bearer {key}", "Idempotency-Key": uuid.uuid4().hex},
+        )
+        elapsed = time.perf_counter() - start
+        with lock:
+            latencies.append(elapsed)
+            codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "rate": requests / wall,
+        "p50": statistics.median(latencies) * 1000,
+        "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "codes": codes,
+    }
+
+
+def direct_run(project_id: int, user: object, requests: int) -> dict:
+    from accounts.models import Project
+    from scheduling.services.submission import JobSpec, submit_job
+
+    project = Project.objects.select_related("org").get(pk=project_id)
+    spec = JobSpec(
+        name="bench", gpu_types=("H100",), gpu_count=1, max_wall_seconds=600, priority_class="batch"
+    )
+    member = project.memberships.get().user
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(requests):
+        t = time.perf_counter()
+        submit_job(user=member, project=project, spec=spec, idempotency_key=uuid.uuid4().hex)
+        latencies.append(time.perf_counter() - t)
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "rate": requests / wall,
+        "p50": statistics.median(latencies) * 1000,
+        "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=4)
+    args = parser.parse_args()
+    setup_database()
+    targets, user = seed(101)
+    hot, spread = targets[:1], targets[1:]
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi:application",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            str(args.workers),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "4",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **ENV},
+    )
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        http_run(port, hot, 100, args.clients)  # warm up connections and workers
+        direct = direct_run(hot[0][0], user, args.requests // 4)
+        results = {
+            "hot org": http_run(port, hot, args.requests, args.clients),
+            "100 orgs": http_run(port, spread, args.requests, args.clients),
+        }
+    finally:
+        server.terminate()
+        server.wait(10)
+    print(
+        f"direct submit_job (1 thread, in-process): {direct['rate']:.0f}/s "
+        f"p50 {direct['p50']:.1f} ms p99 {direct['p99']:.1f} ms"
+    )
+    for name, r in results.items():
+        print(
+            f"HTTP {name} ({args.clients} clients, {args.workers} gunicorn workers): {r['rate']:.0f}/s "
+            f"p50 {r['p50']:.1f} ms p99 {r['p99']:.1f} ms codes {r['codes']} "
+            f"ratio to direct {r['rate'] / direct['rate']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
