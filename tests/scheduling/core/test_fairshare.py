@@ -84,3 +84,14 @@ def test_running_jobs_count_in_the_tree() -> None:
     run = [running(50, ((1, (0,)),), org_id=1, project_id=10)]
     res = schedule(snap([node(1)], [job(1, org_id=1, project_id=10)], run))
     assert [p.job_id for p in res.placements] == [1]
+
+
+def test_decaying_usage_half_life() -> None:
+    from scheduling.core import DecayingUsage
+
+    u = DecayingUsage(half_life_seconds=100.0)
+    u.add("org", 80.0, now=0.0)
+    assert u.value("org", 100.0) == 40.0
+    u.add("org", 10.0, now=200.0)
+    assert u.value("org", 200.0) == 30.0
+    assert u.values_at(300.0) == {"org": 15.0}

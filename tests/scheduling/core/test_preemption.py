@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduling.core import reasons as R
 from scheduling.core import schedule
 from tests.scheduling.core.helpers import job, node, running, snap
@@ -104,3 +106,30 @@ def test_no_preemption_in_baseline_policies() -> None:
             snap([node(1)], [job(1, gpus=8, cls="production")], _full_node(), now=NOW, policy=policy)
         )
         assert res.preemptions == []
+
+
+def test_victim_that_would_requeue_ahead_is_not_preempted() -> None:
+    # The standard victim has waited long enough (aging) to outrank a fresh production job if it
+    # were queued again: preempting it would only bounce the GPUs back and forth.
+    aged = [
+        running(
+            50, ((1, tuple(range(8))),), cls="standard", started=NOW - 1000, wall=99_999, submitted_at=0.0
+        )
+    ]
+    pending = [job(1, gpus=8, cls="production", submitted=NOW)]
+    res = schedule(snap([node(1)], pending, aged, now=NOW, aging_seconds_per_class=NOW / 3))
+    assert res.preemptions == []
+    fresh = [replace(aged[0], submitted_at=NOW - 1000)]
+    res = schedule(snap([node(1)], pending, fresh, now=NOW, aging_seconds_per_class=NOW / 3))
+    assert [p.job_id for p in res.preemptions] == [50]
+
+
+def test_multi_node_gang_preempts_within_one_ib_group() -> None:
+    nodes = [node(1, ib_group="a"), node(2, ib_group="a"), node(3, ib_group="b")]
+    run = [
+        running(60, ((1, tuple(range(8))),), cls="batch", started=0, wall=99_999),
+        running(61, ((3, tuple(range(8))),), cls="batch", started=0, wall=99_999),
+    ]
+    res = schedule(snap(nodes, [job(1, gpus=16, cls="production")], run, now=NOW))
+    assert [p.job_id for p in res.preemptions] == [60]
+    assert {n for n, _ in res.reservations[0].allocations} == {1, 2}
