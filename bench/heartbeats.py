@@ -74,8 +74,9 @@ def recreate_database() -> None:
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DB_NAME}")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ, **ENV},
-                   check=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ, **ENV}, check=True
+    )
 
 
 def seed(senders: int, batch: int) -> Fleet:
@@ -110,25 +111,52 @@ def seed(senders: int, batch: int) -> Fleet:
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create(username="bench")
-    issue_credits(org=org, amount=10**6 * MICRO, kind="paid", source="purchase", reference="bench",
-                  reason="bench")
+    issue_credits(
+        org=org, amount=10**6 * MICRO, kind="paid", source="purchase", reference="bench", reason="bench"
+    )
     klass = PriorityClass.objects.get(name="standard")
     started = timezone.now() - timezone.timedelta(hours=1)
     nodes = []
     for n in range(senders):
-        node = Node.objects.create(name=f"bench-{n}", region=region, gpu_type=h100, gpu_count=batch,
-                                   state=NodeState.READY)
+        node = Node.objects.create(
+            name=f"bench-{n}", region=region, gpu_type=h100, gpu_count=batch, state=NodeState.READY
+        )
         token = issue_node_token(node=node)
         ids = []
         for i in range(batch):
-            hold = place_hold(org=org, amount=10 * MICRO, key=f"bench-{n}-{i}", project=project, user=user,
-                              gpu_types=["H100"])
-            job = Job.objects.create(org=org, project=project, user=user, name="b", gpu_types=["H100"],
-                                     gpu_count=1, max_wall_seconds=86_400, priority_class=klass,
-                                     state=JobState.RUNNING, current_hold=hold, submitted_at=started)
-            attempt = JobAttempt.objects.create(job=job, number=1, org_id=org.pk, state=AttemptState.RUNNING,
-                                                gpu_type=h100, gpu_count=1, rate_per_gpu_hour=3_600_000,
-                                                hold=hold, scheduled_at=started, started_at=started)
+            hold = place_hold(
+                org=org,
+                amount=10 * MICRO,
+                key=f"bench-{n}-{i}",
+                project=project,
+                user=user,
+                gpu_types=["H100"],
+            )
+            job = Job.objects.create(
+                org=org,
+                project=project,
+                user=user,
+                name="b",
+                gpu_types=["H100"],
+                gpu_count=1,
+                max_wall_seconds=86_400,
+                priority_class=klass,
+                state=JobState.RUNNING,
+                current_hold=hold,
+                submitted_at=started,
+            )
+            attempt = JobAttempt.objects.create(
+                job=job,
+                number=1,
+                org_id=org.pk,
+                state=AttemptState.RUNNING,
+                gpu_type=h100,
+                gpu_count=1,
+                rate_per_gpu_hour=3_600_000,
+                hold=hold,
+                scheduled_at=started,
+                started_at=started,
+            )
             Allocation.objects.create(attempt=attempt, node=node, gpu_index=i, allocated_at=started)
             AttemptUsage.objects.create(attempt=attempt, org_id=org.pk)
             ids.append(attempt.pk)
@@ -215,18 +243,26 @@ def service_sender() -> Send:
 
 def http_sender(fleet: Fleet, port: int) -> Send:
     clients = [
-        httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
-                     timeout=30)
+        httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
         for _, token, _ in fleet.nodes
     ]
     failures = [0]
 
     def send(index: int, node_id: int, batch: list[tuple[int, int, int]]) -> None:
-        body = {"attempts": [
-            {"attempt_id": a, "seq": s, "cumulative_gpu_ms": ms, "gpu_utilization": 50.0,
-             "memory_used_mb": 1024}
-            for a, s, ms in batch
-        ]}
+        body = {
+            "attempts": [
+                {
+                    "attempt_id": a,
+                    "seq": s,
+                    "cumulative_gpu_ms": ms,
+                    "gpu_utilization": 50.0,
+                    "memory_used_mb": 1024,
+                }
+                for a, s, ms in batch
+            ]
+        }
         response = clients[index].post("/api/v1/agent/heartbeats", json=body)
         if response.status_code != 200 or response.json()["accepted"] != len(batch):
             failures[0] += 1
@@ -240,9 +276,24 @@ def start_server(workers: int, threads: int) -> tuple[subprocess.Popen[bytes], i
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}",
-         "-w", str(workers), "-k", "gthread", "--threads", str(threads), "--log-level", "warning"],
-        cwd=ROOT, env={**os.environ, **ENV, "CONN_MAX_AGE": "600"},
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi:application",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            str(workers),
+            "-k",
+            "gthread",
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **ENV, "CONN_MAX_AGE": "600"},
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -258,10 +309,12 @@ def start_server(workers: int, threads: int) -> tuple[subprocess.Popen[bytes], i
 def verify(fleet: Fleet) -> tuple[int, int]:
     """(lost, double-counted): attempts whose stored usage is below / above the max sent."""
     with psycopg.connect(ENV["DATABASE_URL"]) as conn:
-        stored = dict(conn.execute(
-            "SELECT attempt_id, billable_gpu_ms FROM metering_attemptusage"
-            " WHERE reported_gpu_ms = billable_gpu_ms"
-        ).fetchall())
+        stored = dict(
+            conn.execute(
+                "SELECT attempt_id, billable_gpu_ms FROM metering_attemptusage"
+                " WHERE reported_gpu_ms = billable_gpu_ms"
+            ).fetchall()
+        )
     lost = sum(1 for a, ms in fleet.sent.items() if stored.get(a, -1) < ms)
     double = sum(1 for a, ms in fleet.sent.items() if stored.get(a, -1) > ms)
     return lost, double
@@ -290,14 +343,20 @@ def main() -> None:
         proc.wait(timeout=30)
     lost, double = verify(fleet)
     base = phases[0].rate
-    print(f"heartbeats: {args.senders} senders x {args.batch} attempts/request, "
-          f"{args.seconds:.0f}s per phase, gunicorn {args.workers}w x {args.threads}t, {os.cpu_count()} CPUs")
+    print(
+        f"heartbeats: {args.senders} senders x {args.batch} attempts/request, "
+        f"{args.seconds:.0f}s per phase, gunicorn {args.workers}w x {args.threads}t, {os.cpu_count()} CPUs"
+    )
     print(f"{'phase':<22}{'job-hb/s':>12}{'ratio':>8}{'p50 ms':>9}{'p99 ms':>9}{'batches':>9}")
     for p in phases:
-        print(f"{p.name:<22}{p.rate:>12,.0f}{p.rate / base:>8.2f}{p.pct(0.5):>9.1f}{p.pct(0.99):>9.1f}"
-              f"{len(p.latencies):>9}")
-    print(f"verify: {len(fleet.sent)} attempts, lost={lost}, double-counted={double}, "
-          f"median batch={statistics.median(len(n[2]) for n in fleet.nodes)}")
+        print(
+            f"{p.name:<22}{p.rate:>12,.0f}{p.rate / base:>8.2f}{p.pct(0.5):>9.1f}{p.pct(0.99):>9.1f}"
+            f"{len(p.latencies):>9}"
+        )
+    print(
+        f"verify: {len(fleet.sent)} attempts, lost={lost}, double-counted={double}, "
+        f"median batch={statistics.median(len(n[2]) for n in fleet.nodes)}"
+    )
     if lost or double:
         raise SystemExit(1)
 
