@@ -21,6 +21,12 @@ app.conf.beat_schedule = {
         "schedule": 5.0,
         "options": {"expires": 5},
     },
+    # Idempotency records are kept >= IDEMPOTENCY_KEY_TTL_SECONDS (24 h), then deleted.
+    "accounts-reap-idempotency-keys": {
+        "task": "accounts.tasks.reap_idempotency_keys",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
     # Scheduler: one pass per tick under a leader lock (a duplicate beat returns at once).
     "scheduling-tick": {
         "task": "scheduling.tasks.scheduler_tick",
