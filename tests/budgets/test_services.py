@@ -1,0 +1,42 @@
+"""Budget periods, hard/soft checks, and held -> spent / released bookkeeping per hold."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from budgets.errors import BudgetExceeded
+from budgets.models import BudgetCharge, BudgetPeriod
+from budgets.periods import month_bounds, period_bounds
+from budgets.services import record_capture, record_release, reserve_budgets, set_budget
+from ledger.services import place_hold
+from tests.api.factories import make_tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def test_month_bounds_wrap_the_year() -> None:
+    assert month_bounds(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == (
+        datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+    window = (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
+    assert period_bounds(period="window", window_start=window[0], window_end=window[1],
+                         now=datetime(2026, 1, 2, tzinfo=UTC)) is None
+
+
+def test_reserve_capture_release_move_held_to_spent() -> None:
+    tenant = make_tenant(funds=1000)
+    set_budget(org=tenant.org, period="month", limit=500, enforcement="hard")
+    set_budget(org=tenant.org, project=tenant.project, user=tenant.user, period="month", limit=300,
+               enforcement="hard")
+    hold = place_hold(org=tenant.org, amount=200, key="h1", project=tenant.project, user=tenant.user)
+    charges = reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=200)
+    assert len(charges) == 2
+    assert reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user,
+                           amount=200) == charges  # idempotent per hold
+    record_capture(hold=hold, amount=50)
+    record_release(hold=hold, amount=150)
+    assert {(p.held, p.spent) for p in BudgetPeriod.objects.all()} == {(0, 50)}
+    assert {(c.held, c.spent) for c in BudgetCharge.objects.all()} == {(0, 50)}
+    second = place_hold(org=tenant.org, amount=260, key="h2", project=tenant.project, user=tenant.user)
+    with pytest.raises(BudgetExceeded) as error:
+        reserve_budgets(hold=second, org=tenant.org, project=tenant.project, user=tenant.user, amount=260)
+    assert error.value.level == "member" and error.value.used == 50
