@@ -40,10 +40,11 @@ def current_prices(gpu_type_names: Iterable[str], at: datetime | None = None) ->
     if not names:
         return {}
     at = at or db_now()
+    # Oldest first, so the newest price in effect wins; portable (no DISTINCT ON) for embedded
+    # SQLite, and price histories are short.
     rows = (
         GpuPrice.objects.filter(gpu_type__name__in=names, effective_from__lte=at)
-        .order_by("gpu_type_id", "-effective_from")
-        .distinct("gpu_type_id")
+        .order_by("effective_from", "id")
         .values_list("gpu_type__name", "price_per_gpu_hour")
     )
     return dict(rows)
