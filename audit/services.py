@@ -1,13 +1,29 @@
-"""Writing audit events: same transaction as the change, appended to a hash chain."""
+"""Writing audit events: same transaction as the change, appended to a hash chain.
 
+On PostgreSQL one event costs two statements: an `UPDATE … RETURNING` of the chain head that
+locks it, advances its seq and reads the transaction clock in one round trip, then one statement
+that inserts the event and moves the head's hash. `record_many` appends a batch with one head
+lock per chain (heads locked in chain-name order, so two batch writers cannot deadlock).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from audit.chain import GENESIS, event_digest
 from audit.models import AuditChainHead, AuditEvent
 from config.clock import db_now
 from config.request_context import current_request_id
+
+_EVENT = AuditEvent._meta.db_table
+_HEAD = AuditChainHead._meta.db_table
 
 
 def chain_for(org_id: int | None) -> str:
@@ -32,7 +48,83 @@ def content_fields(event: AuditEvent) -> dict[str, Any]:
     }
 
 
-@transaction.atomic
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """One event to append with `record_many` (same fields as `record`)."""
+
+    action: str
+    subject_type: str
+    subject_id: str | int
+    org_id: int | None = None
+    actor_type: str = AuditEvent.ActorType.SYSTEM
+    actor_id: str | int = ""
+    amount: int | None = None
+    reason_code: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _advance_head(chain: str, count: int) -> tuple[int, str, datetime]:
+    """Lock the chain head and reserve `count` seqs: (seq before, hash before, DB clock)."""
+    sql = f"UPDATE {_HEAD} SET seq = seq + %s WHERE chain = %s RETURNING seq, hash, now()"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [count, chain])
+        row = cursor.fetchone()
+        if row is None:  # first event of this chain
+            cursor.execute(
+                f"INSERT INTO {_HEAD} (chain, seq, hash) VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",  # noqa: S608
+                [chain, GENESIS],
+            )
+            cursor.execute(sql, [count, chain])
+            row = cursor.fetchone()
+    seq, prev, now = row
+    return seq - count, prev, now
+
+
+def _insert_and_move_head(event: AuditEvent) -> None:
+    """Insert the event and point its chain head at it, in one statement."""
+    sql = (
+        f"WITH e AS (INSERT INTO {_EVENT} (created_at, org_id, actor_type, actor_id, action, "  # noqa: S608
+        "subject_type, subject_id, amount, reason_code, data, request_id, chain, seq, prev_hash, hash) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s) RETURNING id) "
+        f"UPDATE {_HEAD} SET hash = %s WHERE chain = %s AND seq = %s RETURNING (SELECT id FROM e)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [
+            event.created_at, event.org_id, event.actor_type, event.actor_id, event.action,
+            event.subject_type, event.subject_id, event.amount, event.reason_code,
+            json.dumps(event.data), event.request_id, event.chain, event.seq, event.prev_hash,
+            event.hash, event.hash, event.chain, event.seq,
+        ])
+        row = cursor.fetchone()
+    if row is None:  # impossible under the head lock; never leave a head behind its chain
+        raise RuntimeError(f"audit chain {event.chain}: head moved while locked")
+    event.pk = row[0]
+    event._state.adding = False
+    event._state.db = connection.alias
+
+
+def _build(spec: NewEvent, *, chain: str, seq: int, prev: str, now: datetime, request_id: str) -> AuditEvent:
+    event = AuditEvent(
+        created_at=now,
+        org_id=spec.org_id,
+        actor_type=spec.actor_type,
+        actor_id=str(spec.actor_id),
+        action=spec.action,
+        subject_type=spec.subject_type,
+        subject_id=str(spec.subject_id),
+        amount=spec.amount,
+        reason_code=spec.reason_code,
+        data=spec.data or {},
+        request_id=request_id,
+        chain=chain,
+        seq=seq,
+        prev_hash=prev,
+    )
+    event.hash = event_digest(prev_hash=prev, chain=chain, seq=seq, fields=content_fields(event))
+    return event
+
+
+@transaction.atomic(savepoint=False)
 def record(
     *,
     action: str,
@@ -46,30 +138,65 @@ def record(
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one event. Locks the chain head, so the chain never forks."""
-    chain = chain_for(org_id)
-    AuditChainHead.objects.bulk_create(
-        [AuditChainHead(chain=chain, seq=0, hash=GENESIS)], ignore_conflicts=True
-    )
-    head = AuditChainHead.objects.select_for_update().get(chain=chain)
-    event = AuditEvent(
-        created_at=db_now(),
-        org_id=org_id,
-        actor_type=actor_type,
-        actor_id=str(actor_id),
-        action=action,
-        subject_type=subject_type,
-        subject_id=str(subject_id),
-        amount=amount,
-        reason_code=reason_code,
+    spec = NewEvent(
+        action=action, subject_type=subject_type, subject_id=subject_id, org_id=org_id,
+        actor_type=actor_type, actor_id=actor_id, amount=amount, reason_code=reason_code,
         data=data or {},
-        request_id=current_request_id(),
-        chain=chain,
-        seq=head.seq + 1,
-        prev_hash=head.hash,
     )
-    event.hash = event_digest(
-        prev_hash=head.hash, chain=chain, seq=event.seq, fields=content_fields(event)
-    )
-    event.save(force_insert=True)
-    AuditChainHead.objects.filter(chain=chain).update(seq=event.seq, hash=event.hash)
+    chain = chain_for(org_id)
+    if connection.vendor != "postgresql":
+        return record_many([spec])[0]
+    seq, prev, now = _advance_head(chain, 1)
+    event = _build(spec, chain=chain, seq=seq + 1, prev=prev, now=now, request_id=current_request_id())
+    _insert_and_move_head(event)
     return event
+
+
+@transaction.atomic(savepoint=False)
+def record_many(events: Sequence[NewEvent]) -> list[AuditEvent]:
+    """Append `events` (in order within each chain) with one head lock per chain and bulk inserts.
+
+    Same chain rules as `record`; call it inside the transaction that made the changes.
+    """
+    if not events:
+        return []
+    by_chain: dict[str, list[tuple[int, NewEvent]]] = defaultdict(list)
+    for index, spec in enumerate(events):
+        by_chain[chain_for(spec.org_id)].append((index, spec))
+    chains = sorted(by_chain)
+    AuditChainHead.objects.bulk_create(
+        [AuditChainHead(chain=c, seq=0, hash=GENESIS) for c in chains], ignore_conflicts=True
+    )
+    # Lock heads in name order so two batch writers can never deadlock each other.
+    heads = {
+        h.chain: h
+        for h in AuditChainHead.objects.select_for_update().filter(chain__in=chains).order_by("chain")
+    }
+    now = db_now()
+    request_id = current_request_id()
+    rows: list[AuditEvent] = []
+    # Returned in input order, so callers can pair events with what they recorded.
+    result: list[AuditEvent | None] = [None] * len(events)
+    for chain in chains:
+        head = heads[chain]
+        seq, prev = head.seq, head.hash
+        for index, spec in by_chain[chain]:
+            seq += 1
+            row = _build(spec, chain=chain, seq=seq, prev=prev, now=now, request_id=request_id)
+            prev = row.hash
+            rows.append(row)
+            result[index] = row
+        head.seq, head.hash = seq, prev
+    AuditEvent.objects.bulk_create(rows, batch_size=2000)
+    if connection.vendor == "postgresql" and len(heads) > 1:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {_HEAD} AS h SET seq = v.seq, hash = v.hash "  # noqa: S608
+                "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS v(chain, seq, hash) "
+                "WHERE h.chain = v.chain",
+                [list(heads), [h.seq for h in heads.values()], [h.hash for h in heads.values()]],
+            )
+    else:
+        for head in heads.values():
+            AuditChainHead.objects.filter(chain=head.chain).update(seq=head.seq, hash=head.hash)
+    return [row for row in result if row is not None]

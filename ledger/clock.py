@@ -28,3 +28,13 @@ def shifted(delta: timedelta) -> Iterator[None]:
         yield
     finally:
         _offset = previous
+
+
+def ledger_time(db_value: datetime) -> datetime:
+    """The ledger clock for a DB clock value already read in this transaction (saves a query)."""
+    return db_value + _offset
+
+
+def clock_offset() -> timedelta:
+    """The test offset (zero in production), for SQL that computes `now() + offset` itself."""
+    return _offset

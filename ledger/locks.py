@@ -6,10 +6,14 @@ in opposite orders.
 """
 
 from collections.abc import Iterable
+from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db import connection
+from django.db.models import DateTimeField, F, QuerySet
+from django.db.models.expressions import RawSQL
 
-from ledger.models import Bucket, Hold
+from config.clock import db_now
+from ledger.models import Bucket, Hold, HoldLine
 
 
 def lock_hold(hold_id: int) -> Hold:
@@ -33,3 +37,23 @@ def lock_bucket_queryset(queryset: QuerySet[Bucket]) -> list[Bucket]:
 def claim_buckets(queryset: QuerySet[Bucket], limit: int) -> list[Bucket]:
     """Lock up to `limit` buckets in id order, skipping rows another worker holds."""
     return list(queryset.order_by("pk").select_for_update(of=("self",), skip_locked=True)[:limit])
+
+
+def lock_hold_with_clock(hold_id: int) -> tuple[Hold, datetime]:
+    """`lock_hold` that also reads the transaction's DB clock (`now()`) in the same statement."""
+    qs = Hold.objects.select_for_update(of=("self",))
+    if connection.vendor != "postgresql":
+        return qs.get(pk=hold_id), db_now()
+    hold = qs.annotate(db_clock=RawSQL("now()", [], output_field=DateTimeField())).get(pk=hold_id)
+    return hold, hold.db_clock  # type: ignore[attr-defined]
+
+
+def lock_open_lines(hold_id: int) -> list[HoldLine]:
+    """The hold's lines that still hold something, their buckets locked (ascending bucket id) and
+    re-read in the same query (`line.bucket`). Call with the hold locked."""
+    return list(
+        HoldLine.objects.filter(hold_id=hold_id, authorized__gt=F("captured") + F("released"))
+        .select_related("bucket")
+        .order_by("bucket_id")
+        .select_for_update(of=("bucket",))
+    )

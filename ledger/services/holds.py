@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 
 from accounts.models import Organization, Project
-from ledger.clock import ledger_now
+from ledger.clock import clock_offset, ledger_now, ledger_time
 from ledger.errors import HoldNotActive, IdempotencyConflict, InsufficientCredits
-from ledger.locks import lock_bucket_queryset, lock_hold
-from ledger.models import Bucket, Hold, HoldLine, HoldState, LedgerTransaction, TransactionKind
+from ledger.locks import lock_bucket_queryset, lock_hold_with_clock
+from ledger.models import Bucket, Hold, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
     HELD,
+    Movement,
     audit,
     check_amount,
     check_gpu_types,
     check_project,
-    move_bucket,
-    post_transaction,
     replay,
     spend_order_key,
+    write_movement,
 )
 
 
@@ -44,7 +45,13 @@ def eligible_buckets(
         qs = qs.filter(project__isnull=True)
     else:
         qs = qs.filter(Q(project__isnull=True) | Q(project_id=project_id))
-    if gpu_types:
+    if gpu_types and connection.vendor != "postgresql":
+        # Embedded SQLite has no JSON containment; it has no row locks either, so narrowing
+        # in Python locks nothing extra.
+        wanted = set(gpu_types)
+        ids = [pk for pk, types in qs.values_list("pk", "gpu_types") if not types or wanted <= set(types)]
+        qs = qs.filter(pk__in=ids)
+    elif gpu_types:
         qs = qs.filter(Q(gpu_types=[]) | Q(gpu_types__contains=gpu_types))
     else:
         qs = qs.filter(gpu_types=[])
@@ -67,26 +74,63 @@ def _allocate(buckets: list[Bucket], amount: int) -> list[tuple[Bucket, int]]:
     return plan
 
 
-def _hold_funds(*, hold: Hold, amount: int, now: datetime) -> list[tuple[Bucket, int]]:
-    """Lock the hold's eligible buckets (by id), move `amount` available -> held, record lines."""
+def _hold_funds(
+    *, hold: Hold, amount: int, now: datetime, kind: str, key: str, params: dict[str, Any],
+    memo: str = "", new_hold: bool = False,
+) -> tuple[LedgerTransaction, list[tuple[Bucket, int]]]:
+    """Lock the hold's eligible buckets (by id), move `amount` available -> held, record lines,
+    and write it all (one statement on PostgreSQL) with its journal transaction."""
     buckets = lock_bucket_queryset(
         eligible_buckets(
             org_id=hold.org_id, project_id=hold.project_id, gpu_types=list(hold.gpu_types), now=now
         )
     )
     plan = _allocate(buckets, amount)
-    existing = {line.bucket_id: line for line in hold.lines.all()}
-    new_lines = []
+    # A hold inserted by this transaction has no lines yet: no need to read them.
+    existing = {} if new_hold else {line.bucket_id: line for line in hold.lines.all()}
+    m = Movement(org_id=hold.org_id, kind=kind, key=key, now=now, params=params, hold=hold, memo=memo)
     for bucket, take in plan:
-        move_bucket(bucket.pk, source="available", target="held", amount=take)
+        m.move(bucket.pk, source="available", target="held", amount=take)
+        m.legs += [(AVAILABLE, bucket.pk, -take), (HELD, bucket.pk, take)]
         if bucket.pk in existing:
-            HoldLine.objects.filter(pk=existing[bucket.pk].pk).update(authorized=F("authorized") + take)
+            m.line(existing[bucket.pk].pk, "authorized", take)
         else:
-            new_lines.append(HoldLine(hold=hold, bucket=bucket, authorized=take))
-    HoldLine.objects.bulk_create(new_lines)
-    Hold.objects.filter(pk=hold.pk).update(authorized=F("authorized") + amount)
-    hold.authorized += amount
-    return plan
+            m.new_lines.append((bucket.pk, take))
+    m.hold_deltas["authorized"] = amount
+    return write_movement(m), plan
+
+
+def _insert_hold(hold: Hold) -> bool:
+    """Insert the hold row (the idempotency record); False when (org, key) already exists.
+
+    On PostgreSQL one `INSERT … ON CONFLICT DO NOTHING RETURNING` also reads the DB clock, so
+    `hold.created_at` is the transaction's `now()` (+ the test offset) without another query.
+    """
+    if connection.vendor != "postgresql":
+        hold.created_at = ledger_now()
+        try:
+            with transaction.atomic():
+                hold.save(force_insert=True)
+        except IntegrityError:
+            return False
+        return True
+    table = Hold._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (org_id, project_id, user_id, key, reference, gpu_types, state, "  # noqa: S608
+            "authorized, captured, released, created_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, 0, 0, 0, now() + %s) "
+            "ON CONFLICT (org_id, key) DO NOTHING RETURNING id, created_at",
+            [hold.org_id, hold.project_id, hold.user_id, hold.key, hold.reference,
+             json.dumps(hold.gpu_types), HoldState.ACTIVE, clock_offset()],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    hold.pk, hold.created_at = row
+    hold._state.adding = False
+    hold._state.db = connection.alias
+    return True
 
 
 def _place_params(
@@ -129,30 +173,17 @@ def place_hold(
     types = check_gpu_types(gpu_types)
     user_id = user.pk if user is not None else None
     params = _place_params(amount, project_id, user_id, types, reference)
-    existing = Hold.objects.filter(org_id=org.pk, key=key).first()
-    if existing is not None:
-        return _replay_hold(existing, params)
-    now = ledger_now()
     hold = Hold(
         org_id=org.pk, project_id=project_id, user_id=user_id, key=key, reference=reference,
-        gpu_types=types, created_at=now,
+        gpu_types=types,
     )
-    try:
-        # The hold row is the idempotency record: inserting it first is the first lock taken.
-        with transaction.atomic():
-            hold.save(force_insert=True)
-    except IntegrityError:
+    # The hold row is the idempotency record: inserting it first is the first lock taken (a
+    # concurrent insert of the same key waits for the other transaction, then replays).
+    if not _insert_hold(hold):
         return _replay_hold(Hold.objects.get(org_id=org.pk, key=key), params)
-    plan = _hold_funds(hold=hold, amount=amount, now=now)
-    txn = post_transaction(
-        org_id=org.pk,
-        kind=TransactionKind.HOLD,
-        key=f"hold:{key}",
-        legs=[leg for b, take in plan for leg in ((AVAILABLE, b.pk, -take), (HELD, b.pk, take))],
-        now=now,
-        params=params,
-        hold=hold,
-        memo=reference,
+    txn, plan = _hold_funds(
+        hold=hold, amount=amount, now=hold.created_at, kind=TransactionKind.HOLD, key=f"hold:{key}",
+        params=params, memo=reference, new_hold=True,
     )
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor,
@@ -166,23 +197,16 @@ def place_hold(
 def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None) -> Hold:
     """Hold `amount` more for an active hold, from the same eligible buckets (all-or-nothing)."""
     check_amount(amount)
-    locked = lock_hold(hold.pk)
+    locked, clock = lock_hold_with_clock(hold.pk)
     txn_key = f"extend:{locked.pk}:{key}"
     params = {"amount": amount}
     if replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.EXTEND, params=params):
         return locked
     if locked.state != HoldState.ACTIVE:
         raise HoldNotActive(f"Hold {locked.pk} is {locked.state}.", hold=locked.pk)
-    now = ledger_now()
-    plan = _hold_funds(hold=locked, amount=amount, now=now)
-    txn = post_transaction(
-        org_id=locked.org_id,
-        kind=TransactionKind.EXTEND,
-        key=txn_key,
-        legs=[leg for b, take in plan for leg in ((AVAILABLE, b.pk, -take), (HELD, b.pk, take))],
-        now=now,
+    txn, plan = _hold_funds(
+        hold=locked, amount=amount, now=ledger_time(clock), kind=TransactionKind.EXTEND, key=txn_key,
         params=params,
-        hold=locked,
     )
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor,

@@ -3,6 +3,10 @@
 Captures draw from a hold's lines in spend order (soonest-expiring first). Releases go back to
 the exact bucket each part came from, latest-expiring first, and a part whose bucket has expired
 by the time it is released goes to `expiry` instead of back to `available` (DESIGN.md §4).
+
+Each operation: lock the hold (the same statement reads the DB clock), look for a replay of the key,
+lock the hold's open lines' buckets by id (the same query re-reads the lines), decide, then write
+everything in one statement (`write_movement`) and append its audit event.
 """
 
 from __future__ import annotations
@@ -11,98 +15,94 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 
-from ledger.clock import ledger_now
+from ledger.clock import ledger_time
 from ledger.errors import CaptureExceedsHold, HoldNotActive, InvalidAmount
-from ledger.locks import lock_buckets, lock_hold
-from ledger.models import Account, Bucket, Hold, HoldLine, HoldState, LedgerTransaction, TransactionKind
+from ledger.locks import lock_hold_with_clock, lock_open_lines
+from ledger.models import Account, Hold, HoldLine, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
     HELD,
-    Leg,
+    Movement,
     audit,
     check_amount,
     is_expired,
-    move_bucket,
-    post_transaction,
     replay,
     spend_order_key,
+    write_movement,
 )
-
-
-def _open_lines(hold: Hold) -> list[tuple[HoldLine, Bucket]]:
-    """The hold's lines that still hold something, with their buckets locked (by id), in spend order."""
-    lines = [ln for ln in hold.lines.all() if ln.authorized - ln.captured - ln.released > 0]
-    buckets = {b.pk: b for b in lock_buckets(ln.bucket_id for ln in lines)}
-    pairs = [(ln, buckets[ln.bucket_id]) for ln in lines]
-    pairs.sort(key=lambda pair: spend_order_key(pair[1]))
-    return pairs
 
 
 def _left(line: HoldLine) -> int:
     return line.authorized - line.captured - line.released
 
 
-def _capture(hold: Hold, amount: int, key: str, now: datetime, actor: Any, reason: str) -> LedgerTransaction:
-    legs: list[Leg] = []
+def _in_spend_order(lines: list[HoldLine]) -> list[HoldLine]:
+    return sorted(lines, key=lambda ln: spend_order_key(ln.bucket))
+
+
+def _plan_capture(m: Movement, lines: list[HoldLine], amount: int) -> None:
     remaining = amount
-    for line, bucket in _open_lines(hold):
+    for line in _in_spend_order(lines):
         take = min(remaining, _left(line))
         if take == 0:
             break
-        move_bucket(bucket.pk, source="held", target="spent", amount=take)
-        HoldLine.objects.filter(pk=line.pk).update(captured=F("captured") + take)
-        legs.append((HELD, bucket.pk, -take))
+        m.move(line.bucket_id, source="held", target="spent", amount=take)
+        m.line(line.pk, "captured", take)
+        m.legs.append((HELD, line.bucket_id, -take))
+        line.captured += take
         remaining -= take
-    legs.append((Account.CONSUMPTION, None, amount))
-    Hold.objects.filter(pk=hold.pk).update(captured=F("captured") + amount)
-    hold.captured += amount
-    txn = post_transaction(
-        org_id=hold.org_id, kind=TransactionKind.CAPTURE, key=key, legs=legs, now=now,
-        params={"amount": amount}, hold=hold, memo=reason,
-    )
+    m.legs.append((Account.CONSUMPTION, None, amount))
+    m.hold_deltas["captured"] = m.hold_deltas.get("captured", 0) + amount
+
+
+def _plan_release(m: Movement, lines: list[HoldLine], amount: int, now: datetime) -> int:
+    """Plan giving back `amount`, latest-expiring first; returns how much went to expiry."""
+    remaining = amount
+    expired_total = 0
+    for line in reversed(_in_spend_order(lines)):
+        take = min(remaining, _left(line))
+        if take == 0:
+            break
+        if is_expired(line.bucket, now):
+            m.move(line.bucket_id, source="held", target="expired", amount=take)
+            m.legs += [(HELD, line.bucket_id, -take), (Account.EXPIRY, None, take)]
+            expired_total += take
+        else:
+            m.move(line.bucket_id, source="held", target="available", amount=take)
+            m.legs += [(HELD, line.bucket_id, -take), (AVAILABLE, line.bucket_id, take)]
+        m.line(line.pk, "released", take)
+        line.released += take
+        remaining -= take
+    m.hold_deltas["released"] = m.hold_deltas.get("released", 0) + amount
+    return expired_total
+
+
+def _capture(
+    hold: Hold, lines: list[HoldLine], amount: int, key: str, now: datetime, actor: Any, reason: str
+) -> LedgerTransaction:
+    m = Movement(org_id=hold.org_id, kind=TransactionKind.CAPTURE, key=key, now=now,
+                 params={"amount": amount}, hold=hold, memo=reason)
+    _plan_capture(m, lines, amount)
+    txn = write_movement(m)
     audit(txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, reason=reason)
     return txn
 
 
 def _release(
-    hold: Hold, amount: int, key: str, now: datetime, actor: Any, reason: str, params: dict[str, Any]
+    hold: Hold, lines: list[HoldLine], amount: int, key: str, now: datetime, actor: Any, reason: str,
+    params: dict[str, Any], *, settle: bool = False,
 ) -> LedgerTransaction:
-    legs: list[Leg] = []
-    remaining = amount
-    expired_total = 0
-    for line, bucket in reversed(_open_lines(hold)):
-        take = min(remaining, _left(line))
-        if take == 0:
-            break
-        if is_expired(bucket, now):
-            move_bucket(bucket.pk, source="held", target="expired", amount=take)
-            legs += [(HELD, bucket.pk, -take), (Account.EXPIRY, None, take)]
-            expired_total += take
-        else:
-            move_bucket(bucket.pk, source="held", target="available", amount=take)
-            legs += [(HELD, bucket.pk, -take), (AVAILABLE, bucket.pk, take)]
-        HoldLine.objects.filter(pk=line.pk).update(released=F("released") + take)
-        remaining -= take
-    Hold.objects.filter(pk=hold.pk).update(released=F("released") + amount)
-    hold.released += amount
-    txn = post_transaction(
-        org_id=hold.org_id, kind=TransactionKind.RELEASE, key=key, legs=legs, now=now,
-        params=params, hold=hold, memo=reason,
-    )
+    m = Movement(org_id=hold.org_id, kind=TransactionKind.RELEASE, key=key, now=now, params=params,
+                 hold=hold, memo=reason, settle=settle)
+    expired_total = _plan_release(m, lines, amount, now)
+    txn = write_movement(m)
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, reason=reason,
         data={"released": amount, "to_expiry": expired_total},
     )
     return txn
-
-
-def _settle(hold: Hold, now: datetime) -> None:
-    Hold.objects.filter(pk=hold.pk, state=HoldState.ACTIVE).update(state=HoldState.SETTLED, settled_at=now)
-    hold.state = HoldState.SETTLED
-    hold.settled_at = now
 
 
 def _require_active(hold: Hold) -> None:
@@ -115,8 +115,8 @@ def _require_active(hold: Hold) -> None:
 def capture(*, hold: Hold, amount: int, key: str, actor: Any = None, reason: str = "") -> LedgerTransaction:
     """Move `amount` of the hold to `consumption` (partial, repeatable, never beyond the hold)."""
     check_amount(amount)
-    locked = lock_hold(hold.pk)
-    txn_key = f"capture:{locked.pk}:{key}"
+    txn_key = f"capture:{hold.pk}:{key}"
+    locked, clock = lock_hold_with_clock(hold.pk)
     previous = replay(
         org_id=locked.org_id, key=txn_key, kind=TransactionKind.CAPTURE, params={"amount": amount}
     )
@@ -125,7 +125,8 @@ def capture(*, hold: Hold, amount: int, key: str, actor: Any = None, reason: str
     _require_active(locked)
     if amount > locked.remaining:
         raise CaptureExceedsHold(requested=amount, remaining=locked.remaining)
-    return _capture(locked, amount, txn_key, ledger_now(), actor, reason)
+    lines = lock_open_lines(locked.pk)
+    return _capture(locked, lines, amount, txn_key, ledger_time(clock), actor, reason)
 
 
 @retry_on_conflict()
@@ -135,33 +136,34 @@ def release_partial(
 ) -> LedgerTransaction:
     """Give `amount` back to its origin buckets (or expiry); the hold stays active."""
     check_amount(amount)
-    locked = lock_hold(hold.pk)
-    txn_key = f"release:{locked.pk}:{key}"
+    txn_key = f"release:{hold.pk}:{key}"
     params = {"amount": amount, "final": False}
+    locked, clock = lock_hold_with_clock(hold.pk)
     previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params)
     if previous is not None:
         return previous
     _require_active(locked)
     if amount > locked.remaining:
         raise CaptureExceedsHold(requested=amount, remaining=locked.remaining)
-    return _release(locked, amount, txn_key, ledger_now(), actor, reason, params)
+    lines = lock_open_lines(locked.pk)
+    return _release(locked, lines, amount, txn_key, ledger_time(clock), actor, reason, params)
 
 
 @retry_on_conflict()
 @transaction.atomic
 def release_hold(*, hold: Hold, key: str | None = None, actor: Any = None, reason: str = "") -> Hold:
     """Release the whole remainder to its origin buckets (or expiry) and settle the hold."""
-    locked = lock_hold(hold.pk)
-    txn_key = f"release:{locked.pk}:{key or 'final'}"
+    txn_key = f"release:{hold.pk}:{key or 'final'}"
     params = {"final": True}
+    locked, clock = lock_hold_with_clock(hold.pk)
     if key is not None and replay(
         org_id=locked.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params
     ):
         return locked
     _require_active(locked)
-    now = ledger_now()
-    _release(locked, locked.remaining, txn_key, now, actor, reason, params)
-    _settle(locked, now)
+    lines = lock_open_lines(locked.pk)
+    _release(locked, lines, locked.remaining, txn_key, ledger_time(clock), actor, reason, params,
+             settle=True)
     return locked
 
 
@@ -171,13 +173,14 @@ def settle_hold(*, hold: Hold, capture_total: int, reason: str, actor: Any = Non
     """Capture up to a cumulative total (clamped to the hold), release the rest, settle: exactly once."""
     if not isinstance(capture_total, int) or isinstance(capture_total, bool) or capture_total < 0:
         raise InvalidAmount(f"capture_total must be a non-negative integer, got {capture_total!r}.")
-    locked = lock_hold(hold.pk)
+    locked, clock = lock_hold_with_clock(hold.pk)
     if locked.state != HoldState.ACTIVE:
         return locked
-    now = ledger_now()
+    now = ledger_time(clock)
+    lines = lock_open_lines(locked.pk)
     delta = max(0, min(capture_total - locked.captured, locked.remaining))
     if delta > 0:
-        _capture(locked, delta, f"capture:{locked.pk}:settle", now, actor, reason)
-    _release(locked, locked.remaining, f"release:{locked.pk}:settle", now, actor, reason, {"final": True})
-    _settle(locked, now)
+        _capture(locked, lines, delta, f"capture:{locked.pk}:settle", now, actor, reason)
+    _release(locked, lines, locked.remaining, f"release:{locked.pk}:settle", now, actor, reason,
+             {"final": True}, settle=True)
     return locked
