@@ -6,10 +6,14 @@ at once), node moves and attempt ends are conditional updates.
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 SOON_KEY = "scheduling:pass-soon"
 
@@ -48,7 +52,12 @@ def schedule_soon(*, trigger: str = "soon") -> None:
 
     def send() -> None:
         window = float(getattr(settings, "SCHEDULER_SOON_COALESCE_SECONDS", 1.0))
-        if cache.add(SOON_KEY, 1, timeout=max(1, round(window))):
-            scheduler_tick.apply_async(kwargs={"trigger": trigger}, countdown=window / 2)
+        try:
+            if cache.add(SOON_KEY, 1, timeout=max(1, round(window))):
+                scheduler_tick.apply_async(kwargs={"trigger": trigger}, countdown=window / 2)
+        except Exception:
+            # The change is committed; an early pass is only an optimisation (the beat tick
+            # will run it), so a broker or cache outage must not turn success into an error.
+            logger.warning("could not trigger an early scheduling pass", exc_info=True)
 
     transaction.on_commit(send)
