@@ -82,8 +82,12 @@ def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> i
         return 0
     total = hold.captured + delta
     record_capture(hold=hold, amount=delta)
-    capture(hold=hold, amount=delta, key=f"attempt:{attempt.pk}:progress:{total}",
-            reason=f"attempt {attempt.pk} usage {usage.billable_gpu_ms} gpu-ms")
+    capture(
+        hold=hold,
+        amount=delta,
+        key=f"attempt:{attempt.pk}:progress:{total}",
+        reason=f"attempt {attempt.pk} usage {usage.billable_gpu_ms} gpu-ms",
+    )
     hold.captured = total
     AttemptUsage.objects.filter(pk=usage.pk).update(
         captured_gpu_ms=captured_gpu_ms_for(
@@ -142,8 +146,9 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
         return ChargeResult(captured=captured, extended=amount, actions=tuple(actions))
     if hold.remaining >= lookahead:
         return ChargeResult(captured=captured, actions=tuple(actions))  # try again next run
-    request_stop(attempt=attempt, reason="out_of_credit",
-                 grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S"))
+    request_stop(
+        attempt=attempt, reason="out_of_credit", grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S")
+    )
     record(
         action="metering.out_of_credit",
         subject_type="attempt",

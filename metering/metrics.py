@@ -18,9 +18,7 @@ from prometheus_client.registry import Collector
 
 RECONCILIATION_CACHE_KEY = "metering:reconciliation:last"
 
-HEARTBEAT_ITEMS = Counter(
-    "gpubank_heartbeat_items", "Job heartbeats received, by result.", ["result"]
-)
+HEARTBEAT_ITEMS = Counter("gpubank_heartbeat_items", "Job heartbeats received, by result.", ["result"])
 EXIT_REPORTS = Counter("gpubank_exit_reports", "Agent exit reports, by result.", ["result"])
 SWEEP_ACTIONS = Counter("gpubank_sweep_actions", "Metering sweep actions, by kind.", ["kind"])
 

@@ -58,20 +58,29 @@ def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
         Allocation.objects.filter(
             node_id=node.pk, released_at__isnull=True, attempt__state=AttemptState.SCHEDULED
         )
-        .values_list("attempt_id", "gpu_index", "attempt__job_id", "attempt__job__command",
-                     "attempt__job__max_wall_seconds", "attempt__number")
+        .values_list(
+            "attempt_id",
+            "gpu_index",
+            "attempt__job_id",
+            "attempt__job__command",
+            "attempt__job__max_wall_seconds",
+            "attempt__number",
+        )
         .order_by("attempt_id", "gpu_index")
     )
     starts: dict[int, dict[str, Any]] = {}
     for attempt_id, gpu_index, job_id, command, max_wall, number in rows:
-        item = starts.setdefault(attempt_id, {
-            "attempt_id": attempt_id,
-            "job_id": job_id,
-            "command": command,
-            "gpu_indices": [],
-            "max_wall_seconds": max_wall,
-            "env": {"GPUBANK_ATTEMPT_NUMBER": str(number)},
-        })
+        item = starts.setdefault(
+            attempt_id,
+            {
+                "attempt_id": attempt_id,
+                "job_id": job_id,
+                "command": command,
+                "gpu_indices": [],
+                "max_wall_seconds": max_wall,
+                "env": {"GPUBANK_ATTEMPT_NUMBER": str(number)},
+            },
+        )
         item["gpu_indices"].append(gpu_index)
     return {"start": list(starts.values()), "stop": stops_for_node(node_id=node.pk)}
 

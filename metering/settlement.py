@@ -66,9 +66,7 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
     capture_total = min(due, hold.captured + hold.remaining)
     before_captured, authorized = hold.captured, hold.authorized
     to_capture, to_release = _budgets_for_settlement(hold, capture_total)
-    hold = settle_hold(
-        hold=hold, capture_total=capture_total, reason=f"attempt {attempt.pk} {outcome}"
-    )
+    hold = settle_hold(hold=hold, capture_total=capture_total, reason=f"attempt {attempt.pk} {outcome}")
     now = db_now()
     if usage is not None:
         AttemptUsage.objects.filter(pk=usage.pk).update(

@@ -151,10 +151,9 @@ class Reconciliation:
 def _terminal_with_active_hold() -> list[str]:
     terminal = Job.objects.filter(state__in=TERMINAL_JOB_STATES)
     by_current = terminal.filter(current_hold__state=HoldState.ACTIVE).values_list("pk", "current_hold_id")
-    by_attempt = (
-        JobAttempt.objects.filter(job__state__in=TERMINAL_JOB_STATES, hold__state=HoldState.ACTIVE)
-        .values_list("job_id", "hold_id")
-    )
+    by_attempt = JobAttempt.objects.filter(
+        job__state__in=TERMINAL_JOB_STATES, hold__state=HoldState.ACTIVE
+    ).values_list("job_id", "hold_id")
     pairs = sorted(set(by_current) | set(by_attempt))
     return [f"job {job} is terminal but hold {hold} is active" for job, hold in pairs]
 
@@ -164,9 +163,7 @@ def _captured_mismatches(since_days: int | None) -> list[str]:
     qs = JobAttempt.objects.filter(state=AttemptState.ENDED, hold__state=HoldState.SETTLED)
     if since_days is not None:
         qs = qs.filter(ended_at__gte=db_now() - timedelta(days=since_days))
-    billable = dict(
-        AttemptUsage.objects.filter(attempt__in=qs).values_list("attempt_id", "billable_gpu_ms")
-    )
+    billable = dict(AttemptUsage.objects.filter(attempt__in=qs).values_list("attempt_id", "billable_gpu_ms"))
     problems = []
     rows = qs.values_list("pk", "rate_per_gpu_hour", "hold_id", "hold__captured", "hold__authorized")
     for attempt_id, rate, hold_id, captured, authorized in rows.iterator(chunk_size=2000):
@@ -194,7 +191,12 @@ def reconcile(*, since_days: int | None = 2) -> Reconciliation:
         ("captured_mismatch", found.captured_mismatch),
     ):
         for line in lines[:MAX_ALERTS_PER_CHECK]:
-            record(action="metering.reconciliation_alert", subject_type="reconciliation", subject_id=check,
-                   reason_code=check, data={"detail": line, "total": len(lines)})
+            record(
+                action="metering.reconciliation_alert",
+                subject_type="reconciliation",
+                subject_id=check,
+                reason_code=check,
+                data={"detail": line, "total": len(lines)},
+            )
     cache.set(metrics.RECONCILIATION_CACHE_KEY, {"counts": found.counts(), "at": time.time()}, None)
     return found

@@ -97,7 +97,7 @@ def _int(value: Any, name: str, *, optional: bool = False) -> int | None:
 def parse_heartbeat(body: Any) -> list[HeartbeatItem]:
     attempts = body.get("attempts") if isinstance(body, dict) else None
     if not isinstance(attempts, list):
-        raise BadRequest("Expected {\"attempts\": [...]}.", field="attempts")
+        raise BadRequest('Expected {"attempts": [...]}.', field="attempts")
     if len(attempts) > conf.seconds("METERING_MAX_BATCH"):
         raise BadRequest(f"At most {conf.seconds('METERING_MAX_BATCH')} attempts per heartbeat.")
     items = []
@@ -123,7 +123,7 @@ def parse_heartbeat(body: Any) -> list[HeartbeatItem]:
 @agent_view("POST")
 def register(request: HttpRequest, node: Node, body: Any) -> HttpResponse:
     if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):
-        raise BadRequest("Expected {\"gpus\": [...], ...}.", field="gpus")
+        raise BadRequest('Expected {"gpus": [...], ...}.', field="gpus")
     for gpu in body["gpus"]:
         index = gpu.get("index") if isinstance(gpu, dict) else None
         if isinstance(index, bool) or not isinstance(index, int):
@@ -136,11 +136,13 @@ def register(request: HttpRequest, node: Node, body: Any) -> HttpResponse:
         agent_version=str(body.get("agent_version") or ""),
         heartbeat_interval_s=conf.seconds("METERING_HEARTBEAT_INTERVAL_S"),
     )
-    return JsonResponse({
-        "node_id": result.node_id,
-        "heartbeat_interval_s": result.heartbeat_interval_s,
-        "running_attempts": result.running_attempts,
-    })
+    return JsonResponse(
+        {
+            "node_id": result.node_id,
+            "heartbeat_interval_s": result.heartbeat_interval_s,
+            "running_attempts": result.running_attempts,
+        }
+    )
 
 
 @agent_view("GET")
@@ -166,7 +168,7 @@ def heartbeats(request: HttpRequest, node: Node, body: Any) -> HttpResponse:
 @agent_view("POST")
 def exit_report(request: HttpRequest, node: Node, body: Any, attempt_id: int) -> HttpResponse:
     if not isinstance(body, dict) or not isinstance(body.get("outcome"), str):
-        raise BadRequest("Expected {\"outcome\": ..., \"seq\": ..., \"cumulative_gpu_ms\": ...}.")
+        raise BadRequest('Expected {"outcome": ..., "seq": ..., "cumulative_gpu_ms": ...}.')
     report = ExitReport(
         seq=_int(body.get("seq", 0), "seq") or 0,
         cumulative_gpu_ms=_int(body.get("cumulative_gpu_ms", 0), "cumulative_gpu_ms") or 0,
@@ -176,12 +178,14 @@ def exit_report(request: HttpRequest, node: Node, body: Any, attempt_id: int) ->
     )
     result = report_exit(node=node, attempt_id=attempt_id, report=report)
     metrics.EXIT_REPORTS.labels("duplicate" if result.duplicate else "applied").inc()
-    return JsonResponse({
-        "attempt_id": result.attempt_id,
-        "job_state": result.job_state,
-        "outcome": result.outcome,
-        "duplicate": result.duplicate,
-    })
+    return JsonResponse(
+        {
+            "attempt_id": result.attempt_id,
+            "job_state": result.job_state,
+            "outcome": result.outcome,
+            "duplicate": result.duplicate,
+        }
+    )
 
 
 def _signed(value: Any, name: str) -> int | None:

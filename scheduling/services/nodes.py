@@ -153,7 +153,11 @@ def register_node(
         subject_id=node.pk,
         actor_type=AuditEvent.ActorType.AGENT,
         actor_id=str(node.pk),
-        data={"gpus": count, "previous_state": node.state, "agent_version": fields["agent_version"],
-              "running_attempts": running},
+        data={
+            "gpus": count,
+            "previous_state": node.state,
+            "agent_version": fields["agent_version"],
+            "running_attempts": running,
+        },
     )
     return Registration(node_id=node.pk, heartbeat_interval_s=heartbeat_interval_s, running_attempts=running)

@@ -109,24 +109,47 @@ def make_attempt(world: World) -> Callable[..., JobAttempt]:
         n = next(counter)
         if hold is None:
             hold = place_hold(
-                org=world.org, amount=hold_amount, key=f"test-job-{n}", project=world.project,
-                user=world.user, gpu_types=["H100"], reference=f"job:test-{n}",
+                org=world.org,
+                amount=hold_amount,
+                key=f"test-job-{n}",
+                project=world.project,
+                user=world.user,
+                gpu_types=["H100"],
+                reference=f"job:test-{n}",
             )
         job = Job.objects.create(
-            org=world.org, project=world.project, user=world.user, name=f"job-{n}", gpu_types=["H100"],
-            gpu_count=len(gpus), max_wall_seconds=max_wall_seconds,
-            priority_class=PriorityClass.objects.get(name="standard"), command="sleep 1",
+            org=world.org,
+            project=world.project,
+            user=world.user,
+            name=f"job-{n}",
+            gpu_types=["H100"],
+            gpu_count=len(gpus),
+            max_wall_seconds=max_wall_seconds,
+            priority_class=PriorityClass.objects.get(name="standard"),
+            command="sleep 1",
             state=JobState.RUNNING if state != AttemptState.SCHEDULED else JobState.SCHEDULED,
-            current_hold=hold, estimate=hold.authorized, attempt_count=1, submitted_at=timezone.now(),
+            current_hold=hold,
+            estimate=hold.authorized,
+            attempt_count=1,
+            submitted_at=timezone.now(),
         )
         attempt = JobAttempt.objects.create(
-            job=job, number=1, org_id=world.org.pk, state=state, gpu_type=world.h100, gpu_count=len(gpus),
-            rate_per_gpu_hour=H100_RATE, hold=hold, scheduled_at=timezone.now(),
+            job=job,
+            number=1,
+            org_id=world.org.pk,
+            state=state,
+            gpu_type=world.h100,
+            gpu_count=len(gpus),
+            rate_per_gpu_hour=H100_RATE,
+            hold=hold,
+            scheduled_at=timezone.now(),
         )
         now = timezone.now()
         Allocation.objects.bulk_create(
-            [Allocation(attempt=attempt, node=node or world.node, gpu_index=i, allocated_at=now)
-             for i in gpus]
+            [
+                Allocation(attempt=attempt, node=node or world.node, gpu_index=i, allocated_at=now)
+                for i in gpus
+            ]
         )
         if state != AttemptState.SCHEDULED and started_ago is not None:
             AttemptUsage.objects.create(attempt=attempt, org_id=world.org.pk)
@@ -145,12 +168,24 @@ def submit(world: World) -> Callable[..., Job]:
     MembershipFactory(project=world.project, user=world.user)
     counter = iter(range(1, 100_000))
 
-    def make(*, gpus: int = 2, max_wall_seconds: int = 3600, command: str = "sleep 1",
-             priority_class: str = "standard") -> Job:
-        spec = JobSpec(name=f"job-{next(counter)}", gpu_types=("H100",), gpu_count=gpus,
-                       max_wall_seconds=max_wall_seconds, priority_class=priority_class, command=command)
-        return submit_job(user=world.user, project=world.project, spec=spec,
-                          idempotency_key=f"k-{next(counter)}")
+    def make(
+        *,
+        gpus: int = 2,
+        max_wall_seconds: int = 3600,
+        command: str = "sleep 1",
+        priority_class: str = "standard",
+    ) -> Job:
+        spec = JobSpec(
+            name=f"job-{next(counter)}",
+            gpu_types=("H100",),
+            gpu_count=gpus,
+            max_wall_seconds=max_wall_seconds,
+            priority_class=priority_class,
+            command=command,
+        )
+        return submit_job(
+            user=world.user, project=world.project, spec=spec, idempotency_key=f"k-{next(counter)}"
+        )
 
     return make
 

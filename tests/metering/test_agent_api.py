@@ -40,9 +40,16 @@ def test_register_checks_inventory_and_marks_node_ready(world: World) -> None:
     Node.objects.filter(pk=world.node.pk).update(state=NodeState.DOWN)
     wrong = [{**g, "model": "A100"} for g in GPUS]
     assert post(agent(world.token), "/register", {"gpus": wrong}).status_code == 409
-    response = post(agent(world.token), "/register", {
-        "hostname": "h", "gpus": GPUS[:4], "labels": {"nvlink_domain": "nvl-9"}, "agent_version": "0.1",
-    })
+    response = post(
+        agent(world.token),
+        "/register",
+        {
+            "hostname": "h",
+            "gpus": GPUS[:4],
+            "labels": {"nvlink_domain": "nvl-9"},
+            "agent_version": "0.1",
+        },
+    )
     assert response.status_code == 200
     body = response.json()
     assert body == {"node_id": world.node.pk, "heartbeat_interval_s": 30, "running_attempts": []}
@@ -58,21 +65,41 @@ def test_full_protocol_round_trip(world: World, funded: Any, submit: Callable[..
     [attempt] = place_pending()
     client = agent(world.token)
     starts = client.get(f"{PREFIX}/assignments").json()["start"]
-    assert starts == [{
-        "attempt_id": attempt.pk, "job_id": job.pk, "command": "sleep 1",
-        "gpu_indices": sorted(a.gpu_index for a in attempt.allocations.all()),
-        "max_wall_seconds": 3600, "env": {"GPUBANK_ATTEMPT_NUMBER": "1"},
-    }]
+    assert starts == [
+        {
+            "attempt_id": attempt.pk,
+            "job_id": job.pk,
+            "command": "sleep 1",
+            "gpu_indices": sorted(a.gpu_index for a in attempt.allocations.all()),
+            "max_wall_seconds": 3600,
+            "env": {"GPUBANK_ATTEMPT_NUMBER": "1"},
+        }
+    ]
     assert post(client, f"/attempts/{attempt.pk}/started", {}).status_code == 200
     assert client.get(f"{PREFIX}/assignments").json()["start"] == []
     shift_started(attempt, 60)
-    hb = post(client, "/heartbeats", {"attempts": [
-        {"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": 100_000, "gpu_utilization": 97.5,
-         "memory_used_mb": 1024},
-    ]})
+    hb = post(
+        client,
+        "/heartbeats",
+        {
+            "attempts": [
+                {
+                    "attempt_id": attempt.pk,
+                    "seq": 1,
+                    "cumulative_gpu_ms": 100_000,
+                    "gpu_utilization": 97.5,
+                    "memory_used_mb": 1024,
+                },
+            ]
+        },
+    )
     assert hb.json() == {"accepted": 1, "rejected": [], "stop": []}
     exit_body = {
-        "seq": 2, "cumulative_gpu_ms": 110_000, "exit_code": 0, "signal": None, "outcome": "completed",
+        "seq": 2,
+        "cumulative_gpu_ms": 110_000,
+        "exit_code": 0,
+        "signal": None,
+        "outcome": "completed",
     }
     first = post(client, f"/attempts/{attempt.pk}/exit", exit_body)
     assert first.status_code == 200 and first.json()["duplicate"] is False

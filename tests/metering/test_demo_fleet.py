@@ -32,12 +32,30 @@ def test_demo_fleet_runs_agents_and_restarts_them(
     funded()
     Node.objects.filter(pk=world.node.pk).update(gpu_count=2)
     db = connection.settings_dict
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test",
-           "TEST_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "TEST_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+    }
     fleet = subprocess.Popen(
-        [sys.executable, "manage.py", "demo_fleet", "--server", live_server.url, "--skip-checks",
-         "--heartbeat-interval", "0.3", "--poll-interval", "0.3", "--state-dir", str(tmp_path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "manage.py",
+            "demo_fleet",
+            "--server",
+            live_server.url,
+            "--skip-checks",
+            "--heartbeat-interval",
+            "0.3",
+            "--poll-interval",
+            "0.3",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_for(lambda: Node.objects.get(pk=world.node.pk).registered_at, 30, "registration")

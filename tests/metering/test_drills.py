@@ -59,6 +59,7 @@ def run(world: World, submit: Callable[..., Job], *, started_ago: float) -> tupl
 
 # -- 1. preempted at 60% of its hold ---------------------------------------------------------
 
+
 def test_drill1_preempted_at_60_percent_exact_journal_holds_audit_and_refund(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
@@ -69,8 +70,11 @@ def test_drill1_preempted_at_60_percent_exact_journal_holds_audit_and_refund(
     assert charge_progress(attempt=attempt).captured == used
     seq_before_stop = AuditEvent.objects.filter(org_id=world.org.pk).order_by("-seq").first().seq
     request_stop(attempt=attempt, reason="preempted", grace_seconds=30)
-    result = report_exit(node=world.node, attempt_id=attempt.pk,
-                         report=ExitReport(seq=2, cumulative_gpu_ms=used, outcome="preempted", signal=15))
+    result = report_exit(
+        node=world.node,
+        attempt_id=attempt.pk,
+        report=ExitReport(seq=2, cumulative_gpu_ms=used, outcome="preempted", signal=15),
+    )
     assert (result.outcome, result.job_state) == ("preempted", JobState.QUEUED)
 
     old = Hold.objects.get(pk=attempt.hold_id)
@@ -78,15 +82,27 @@ def test_drill1_preempted_at_60_percent_exact_journal_holds_audit_and_refund(
     new = job.current_hold
     b = bucket.pk
     assert journal(world.org) == [
-        ("issue", f"issue:{bucket.reference}",
-         [("issuance", None, -100 * MICRO), ("bucket_available", b, 100 * MICRO)]),
+        (
+            "issue",
+            f"issue:{bucket.reference}",
+            [("issuance", None, -100 * MICRO), ("bucket_available", b, 100 * MICRO)],
+        ),
         ("hold", f"hold:job:{job.pk}:submit", [("bucket_available", b, -HOLD), ("bucket_held", b, HOLD)]),
-        ("capture", f"capture:{old.pk}:attempt:{attempt.pk}:progress:{used}",
-         [("bucket_held", b, -used), ("consumption", None, used)]),
-        ("release", f"release:{old.pk}:settle",
-         [("bucket_held", b, -(HOLD - used)), ("bucket_available", b, HOLD - used)]),
-        ("hold", f"hold:job:{job.pk}:attempt:2:hold",
-         [("bucket_available", b, -HOLD), ("bucket_held", b, HOLD)]),
+        (
+            "capture",
+            f"capture:{old.pk}:attempt:{attempt.pk}:progress:{used}",
+            [("bucket_held", b, -used), ("consumption", None, used)],
+        ),
+        (
+            "release",
+            f"release:{old.pk}:settle",
+            [("bucket_held", b, -(HOLD - used)), ("bucket_available", b, HOLD - used)],
+        ),
+        (
+            "hold",
+            f"hold:job:{job.pk}:attempt:2:hold",
+            [("bucket_available", b, -HOLD), ("bucket_held", b, HOLD)],
+        ),
     ]
     # Holds: the old one settled (captured 60%, refunded 40%), a fresh one for the next attempt.
     assert (old.state, old.authorized, old.captured) == (HoldState.SETTLED, HOLD, used)
@@ -112,6 +128,7 @@ def test_drill1_preempted_at_60_percent_exact_journal_holds_audit_and_refund(
 
 
 # -- 2. the finish call is lost ----------------------------------------------------------------
+
 
 def test_drill2_lost_finish_refunds_exactly_once_even_with_a_late_report(
     world: World, funded: Any, submit: Callable[..., Job]
@@ -159,6 +176,7 @@ def test_drill2_stranded_hold_of_a_terminal_job_is_released_once(
 
 # -- 3. a promotional bucket expires mid-run ----------------------------------------------------
 
+
 def test_drill3_promo_expires_mid_run_hold_keeps_working_refund_goes_to_expiry(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
@@ -173,8 +191,11 @@ def test_drill3_promo_expires_mid_run_hold_keeps_working_refund_goes_to_expiry(
         expire_due_buckets()
         ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 4_000_000)])
         assert charge_progress(attempt=attempt).captured == 1_000_000  # in-flight hold still spends
-        report_exit(node=world.node, attempt_id=attempt.pk,
-                    report=ExitReport(seq=3, cumulative_gpu_ms=4_000_000, outcome="completed", exit_code=0))
+        report_exit(
+            node=world.node,
+            attempt_id=attempt.pk,
+            report=ExitReport(seq=3, cumulative_gpu_ms=4_000_000, outcome="completed", exit_code=0),
+        )
     promo.refresh_from_db()
     paid.refresh_from_db()
     # Promo: 4 spent from the in-flight hold, the 1 released after expiry went to expiry.
@@ -182,8 +203,12 @@ def test_drill3_promo_expires_mid_run_hold_keeps_working_refund_goes_to_expiry(
     assert (paid.available, paid.held, paid.spent) == (100 * MICRO, 0, 0)
     release = LedgerTransaction.objects.get(org=world.org, kind="release")
     legs = sorted((p.account, p.bucket_id, p.amount) for p in release.postings.all())
-    assert legs == sorted([
-        ("bucket_held", promo.pk, -1 * MICRO), ("expiry", None, 1 * MICRO),
-        ("bucket_held", paid.pk, -(HOLD - 5 * MICRO)), ("bucket_available", paid.pk, HOLD - 5 * MICRO),
-    ])
+    assert legs == sorted(
+        [
+            ("bucket_held", promo.pk, -1 * MICRO),
+            ("expiry", None, 1 * MICRO),
+            ("bucket_held", paid.pk, -(HOLD - 5 * MICRO)),
+            ("bucket_available", paid.pk, HOLD - 5 * MICRO),
+        ]
+    )
     assert verify_ledger() == []

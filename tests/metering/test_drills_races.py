@@ -46,20 +46,30 @@ def test_drill4_replayed_duplicated_shuffled_heartbeats_bill_the_same(
     in_order = make_attempt(gpus=(0,), started_ago=7200)
     chaotic = make_attempt(gpus=(1,), started_ago=7200)
     for item in sent:
-        ingest_heartbeats(node=world.node, items=[HeartbeatItem(in_order.pk, item.seq, item.cumulative_gpu_ms,
-                                                                item.gpu_utilization, item.memory_used_mb)])
+        ingest_heartbeats(
+            node=world.node,
+            items=[
+                HeartbeatItem(
+                    in_order.pk, item.seq, item.cumulative_gpu_ms, item.gpu_utilization, item.memory_used_mb
+                )
+            ],
+        )
     bounds = [0, *cuts, len(delivered)]
     for lo, hi in itertools.pairwise(bounds):
-        batch = [HeartbeatItem(chaotic.pk, i.seq, i.cumulative_gpu_ms, i.gpu_utilization, i.memory_used_mb)
-                 for i in delivered[lo:hi]]
+        batch = [
+            HeartbeatItem(chaotic.pk, i.seq, i.cumulative_gpu_ms, i.gpu_utilization, i.memory_used_mb)
+            for i in delivered[lo:hi]
+        ]
         ingest_heartbeats(node=world.node, items=batch)
 
     def state(attempt: JobAttempt) -> tuple[Any, ...]:
         u = AttemptUsage.objects.get(pk=attempt.pk)
         return (u.last_seq, u.reported_gpu_ms, u.billable_gpu_ms, u.gpu_utilization, u.memory_used_mb)
 
-    assert state(chaotic) == state(in_order) == (
-        len(sent), cumulative[-1], cumulative[-1], float(len(sent) % 100), len(sent)
+    assert (
+        state(chaotic)
+        == state(in_order)
+        == (len(sent), cumulative[-1], cumulative[-1], float(len(sent) % 100), len(sent))
     )
     billed = [settle_attempt(attempt=a, outcome="completed").captured for a in (in_order, chaotic)]
     assert billed[0] == billed[1] == cumulative[-1]  # 1 micro-credit per GPU-ms at this rate
@@ -69,6 +79,7 @@ def test_drill4_replayed_duplicated_shuffled_heartbeats_bill_the_same(
 
 
 # -- 5. out of credit mid-run with concurrent submissions --------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -132,8 +143,11 @@ def test_drill5_out_of_credit_mid_run_with_concurrent_submissions_never_overspen
     assert outcomes.count("held") >= 1 and set(outcomes) <= {"held", "insufficient-credits"}
 
     # The agent stops the job and reports; it ends out_of_credit and settles exactly.
-    report_exit(node=world.node, attempt_id=attempt.pk,
-                report=ExitReport(seq=used + 1, cumulative_gpu_ms=used + 10_000, outcome="out_of_credit"))
+    report_exit(
+        node=world.node,
+        attempt_id=attempt.pk,
+        report=ExitReport(seq=used + 1, cumulative_gpu_ms=used + 10_000, outcome="out_of_credit"),
+    )
     job.refresh_from_db()
     hold = Hold.objects.get(pk=attempt.hold_id)
     assert job.state == JobState.FAILED and job.end_reason == "out_of_credit"

@@ -66,15 +66,21 @@ def test_attempts_of_other_nodes_or_not_running_are_rejected(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
 ) -> None:
     funded()
-    other = Node.objects.create(name="h100-2", region=world.region, gpu_type=world.h100, gpu_count=8,
-                                state=NodeState.READY)
+    other = Node.objects.create(
+        name="h100-2", region=world.region, gpu_type=world.h100, gpu_count=8, state=NodeState.READY
+    )
     mine = make_attempt(gpus=(0,))
     theirs = make_attempt(gpus=(0,), node=other)
     scheduled = make_attempt(gpus=(1,), state=AttemptState.SCHEDULED)
-    result = ingest_heartbeats(node=world.node, items=[
-        HeartbeatItem(mine.pk, 1, 5), HeartbeatItem(theirs.pk, 1, 5), HeartbeatItem(scheduled.pk, 1, 5),
-        HeartbeatItem(999_999_999, 1, 5),
-    ])
+    result = ingest_heartbeats(
+        node=world.node,
+        items=[
+            HeartbeatItem(mine.pk, 1, 5),
+            HeartbeatItem(theirs.pk, 1, 5),
+            HeartbeatItem(scheduled.pk, 1, 5),
+            HeartbeatItem(999_999_999, 1, 5),
+        ],
+    )
     assert result.accepted == [mine.pk]
     assert result.rejected == sorted([theirs.pk, scheduled.pk, 999_999_999])
     assert usage(theirs).reported_gpu_ms == 0

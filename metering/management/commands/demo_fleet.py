@@ -87,11 +87,25 @@ class Command(BaseCommand):
         token = issue_node_token(node=node)
         state_dir = Path(options["state_dir"]) / node.name
         argv = [
-            sys.executable, "-m", "agent", "--server", options["server"],
-            "--fake-gpus", f"{node.gpu_count}x{node.gpu_type.name}", "--hostname", node.name,
-            "--heartbeat-interval", str(options["heartbeat_interval"]),
-            "--poll-interval", str(options["poll_interval"]), "--state-dir", str(state_dir),
-            "--timeout-grace", "5", "--shutdown-grace", "2",
+            sys.executable,
+            "-m",
+            "agent",
+            "--server",
+            options["server"],
+            "--fake-gpus",
+            f"{node.gpu_count}x{node.gpu_type.name}",
+            "--hostname",
+            node.name,
+            "--heartbeat-interval",
+            str(options["heartbeat_interval"]),
+            "--poll-interval",
+            str(options["poll_interval"]),
+            "--state-dir",
+            str(state_dir),
+            "--timeout-grace",
+            "5",
+            "--shutdown-grace",
+            "2",
         ]
         if node.nvlink_domain:
             argv += ["--nvlink-domain", node.nvlink_domain]
