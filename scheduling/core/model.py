@@ -154,6 +154,9 @@ class Config:
     """Weight of the small-request factor (requested GPU x wall time), Slurm's job-size factor."""
     aging_seconds_per_class: float = 24 * 3600.0
     """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
+    slow_type_wait_factor: float = 1.0
+    """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
+    a slower type would cost (ski rental); 0 = always take the first type that fits."""
     backfill: bool = True
     max_reservations: int = 1
     """EASY backfill keeps one reservation (for the top blocked job)."""

@@ -128,6 +128,7 @@ class _Pass:
         types = [t.name for t in accept if self.quota_ok(job, t.name)]
         if not types:
             return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
+        types = self.not_deferred(job, types)
         for t in types:
             alloc = self.try_place(job, t)
             if alloc is not None:
@@ -161,6 +162,22 @@ class _Pass:
             hit = [r for r in self.res_by_type.get(gpu_type, ()) if any(masked.get(r.job_id, {}).values())]
             self._holding[gpu_type] = hit
         return hit
+
+    def not_deferred(self, job: PendingJob, types: list[str]) -> list[str]:
+        """Ski-rental choice of GPU type: wait for a faster type at most as long as a slower one
+        would add to the run (its wall time minus the fastest type's), then take the slower one.
+
+        Speeds come from `max_wall_by_type`; with one wall for all types nothing is deferred.
+        Waiting never exceeds the loss it avoids, so a job finishes at worst ~2x later than with
+        perfect foresight, and usually much sooner than running days on a GPU 5x slower.
+        """
+        factor = self.cfg.slow_type_wait_factor
+        if not self.fair or factor <= 0 or not job.max_wall_by_type or len(types) < 2:
+            return types
+        best = min(job.wall_on(t) for t in types)
+        waited = self.now - job.submitted_at
+        keep = [t for t in types if waited >= factor * (job.wall_on(t) - best)]
+        return keep or types
 
     def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
         """Reservations on this type the job may ignore because it ends (by max wall) before them."""
