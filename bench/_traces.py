@@ -48,6 +48,8 @@ class Trace:
     gpu_types: dict[str, GpuType]
     nodes: list[Node]
     notes: list[str]
+    speed: dict[str, float]
+    """Average speed of each GPU type relative to the fastest (for normalized utilization)."""
 
 
 def _h(text: str) -> int:
@@ -160,7 +162,7 @@ def load_philly(
         if extrapolate
         else "no extrapolation",
     ]
-    return Trace("philly", jobs, teams, gpu_types, nodes, notes)
+    return Trace("philly", jobs, teams, gpu_types, nodes, notes, eff)
 
 
 def _fleet(gpus_by_type: dict[str, int], gpus_per_node: int, nodes_per_ib_group: int) -> list[Node]:
@@ -246,7 +248,8 @@ def load_alibaba(*, limit: int | None = None, seed: int = 0, tenants: int = 10) 
         "tenant = crc32(pod name) % 10; gpu_milli < 1000 treated as 1 whole GPU; same speed on all models",
         "runtime = deletion_time - scheduled_time; G2/G3 memory assumed 24/32 GB",
     ]
-    return Trace("alibaba", jobs, [f"tenant{i}" for i in range(tenants)], gpu_types, nodes, notes)
+    speed = dict.fromkeys(gpu_types, 1.0)
+    return Trace("alibaba", jobs, [f"tenant{i}" for i in range(tenants)], gpu_types, nodes, notes, speed)
 
 
 def parse_tuple_key(key: str) -> tuple[str, int]:

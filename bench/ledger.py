@@ -136,8 +136,12 @@ def main() -> int:
         orgs = [Organization.objects.create(name=f"bench {i}", slug=f"bench-{i}") for i in range(ORGS)]
         for org in orgs:
             issue_credits(
-                org=org, amount=10**9 * MICRO, kind="paid", source="purchase",
-                reference="bench", reason="benchmark funding",
+                org=org,
+                amount=10**9 * MICRO,
+                kind="paid",
+                source="purchase",
+                reference="bench",
+                reason="benchmark funding",
             )
         connection.close()
 
@@ -150,11 +154,15 @@ def main() -> int:
         print(f"threads={THREADS} seconds={args.seconds} postgres={connection.pg_version}")
         print(f"raw baseline, hot row:       {raw_hot:9.1f} tx/s")
         print(f"raw baseline, distinct rows: {raw_distinct:9.1f} tx/s")
-        print(f"ledger cycles, hot org:      {hot:9.1f} cycles/s  "
-              f"ratio {hot / raw_hot:.3f}x of raw hot-row (target >= 0.25x)")
-        print(f"ledger cycles, {ORGS} orgs:     {distinct:9.1f} cycles/s  "
-              f"ratio {distinct / raw_distinct:.3f}x of raw distinct-rows, "
-              f"{distinct / raw_hot:.3f}x of raw hot-row")
+        print(
+            f"ledger cycles, hot org:      {hot:9.1f} cycles/s  "
+            f"ratio {hot / raw_hot:.3f}x of raw hot-row (target >= 0.25x)"
+        )
+        print(
+            f"ledger cycles, {ORGS} orgs:     {distinct:9.1f} cycles/s  "
+            f"ratio {distinct / raw_distinct:.3f}x of raw distinct-rows, "
+            f"{distinct / raw_hot:.3f}x of raw hot-row"
+        )
         print("verify_ledger:", "clean" if not problems else f"{len(problems)} difference(s)")
         connections.close_all()
         return 0 if not problems else 1

@@ -72,8 +72,8 @@ class Sim:
     stats: dict[int, JobStats] = field(default_factory=dict)
     preemptions: int = 0
     passes: int = 0
-    attempts: list[tuple[float, float, int]] = field(default_factory=list)
-    """(start, end, gpus) of every attempt, for utilization."""
+    attempts: list[tuple[float, float, int, float]] = field(default_factory=list)
+    """(start, end, gpus, speed vs the job's fastest type) of every attempt, for utilization."""
 
     def run(self, progress: bool) -> None:
         cfg = self.config
@@ -113,7 +113,8 @@ class Sim:
                 ran = now - att.start
                 st.run_seconds += ran
                 st.gpu_seconds += ran * job.gpu_count
-                self.attempts.append((att.start, now, job.gpu_count))
+                speed = min(job.duration.values()) / job.duration[att.running.gpu_type]
+                self.attempts.append((att.start, now, job.gpu_count, speed))
                 if kind == FINISH:
                     st.finish = now
                     remaining[jid] = 0.0
@@ -255,7 +256,14 @@ def metrics(sim: Sim) -> dict[str, float | str]:
     last_arrival = max(j.arrival for j in trace.jobs)
     # Utilization over the arrival window: after the last arrival every policy just drains the
     # long tail, which would dilute the comparison.
-    busy = sum(max(0.0, min(e, last_arrival) - max(s, first)) * g for s, e, g in sim.attempts)
+    busy = work = 0.0
+    for s, e, g, speed in sim.attempts:
+        gpu_s = max(0.0, min(e, last_arrival) - max(s, first)) * g
+        busy += gpu_s
+        work += gpu_s * speed
+    # Normalized: useful work in fastest-type GPU-seconds over the fleet's capacity in the same
+    # unit (each type weighted by its average speed), so running slowly does not look "busy".
+    norm_capacity = sum(n.gpu_count * trace.speed.get(n.gpu_type, 1.0) for n in trace.nodes)
     for j in trace.jobs:
         st = sim.stats[j.id]
         if st.finish is None:
@@ -275,6 +283,7 @@ def metrics(sim: Sim) -> dict[str, float | str]:
         "p99_jct_h": _pct(jct, 0.99) / 3600,
         "avg_queue_h": statistics.fmean(qdelay) / 3600,
         "util": busy / capacity if capacity else float("nan"),
+        "norm_util": work / (norm_capacity * (last_arrival - first)) if capacity else float("nan"),
         "jain": jain([statistics.fmean(v) for v in bsld_by_team.values()]),
         "preemptions": float(sim.preemptions),
         "unfinished": float(sum(1 for st in sim.stats.values() if st.finish is None)),
@@ -346,7 +355,8 @@ def main() -> None:
         ("median JCT (h)", "median_jct_h", "{:.2f}"),
         ("p99 JCT (h)", "p99_jct_h", "{:.1f}"),
         ("avg queueing delay (h)", "avg_queue_h", "{:.2f}"),
-        ("GPU utilization (arrival window)", "util", "{:.3f}"),
+        ("GPU busy fraction (arrival window)", "util", "{:.3f}"),
+        ("speed-normalized utilization", "norm_util", "{:.3f}"),
         ("Jain (team avg bounded slowdown)", "jain", "{:.3f}"),
         ("preemptions", "preemptions", "{:.0f}"),
         ("unfinished jobs", "unfinished", "{:.0f}"),
@@ -366,7 +376,8 @@ def main() -> None:
         print(
             f"ours/FIFO avg JCT = {float(o['avg_jct_h']) / float(f['avg_jct_h']):.2f} (target <= 0.5); "
             f"ours/FIFO+EASY = {float(o['avg_jct_h']) / float(b['avg_jct_h']):.2f} (target <= 0.8); "
-            f"util ours - FIFO+EASY = {float(o['util']) - float(b['util']):+.3f} (target >= 0); "
+            f"busy ours - FIFO+EASY = {float(o['util']) - float(b['util']):+.3f}, "
+            f"normalized {float(o['norm_util']) - float(b['norm_util']):+.3f} (target >= 0); "
             f"Jain ours = {float(o['jain']):.3f} (target >= 0.9)"
         )
 

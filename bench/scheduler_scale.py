@@ -61,12 +61,13 @@ def populate(snap: core.Snapshot) -> None:
     now = datetime.fromtimestamp(snap.now, UTC)
     at = lambda seconds: datetime.fromtimestamp(seconds, UTC)  # noqa: E731
     region = Region.objects.create(code="bench", name="Bench")
-    types = {
-        name: GpuType.objects.create(name=name, memory_gb=t.memory_gb) for name, t in GPU_TYPES.items()
-    }
+    types = {name: GpuType.objects.create(name=name, memory_gb=t.memory_gb) for name, t in GPU_TYPES.items()}
     GpuPrice.objects.bulk_create(
-        GpuPrice(gpu_type=types[n], price_per_gpu_hour=t.price_per_gpu_hour_micro,
-                 effective_from=now - timedelta(days=365))
+        GpuPrice(
+            gpu_type=types[n],
+            price_per_gpu_hour=t.price_per_gpu_hour_micro,
+            effective_from=now - timedelta(days=365),
+        )
         for n, t in GPU_TYPES.items()
     )
     classes = {c.name: c for c in PriorityClass.objects.all()}
@@ -81,52 +82,98 @@ def populate(snap: core.Snapshot) -> None:
     users = {u: User(username=f"bench-user-{u}") for u in user_ids}
     User.objects.bulk_create(users.values())
     node_objs = {
-        n.id: Node(name=f"node-{n.id}", region=region, gpu_type=types[n.gpu_type], gpu_count=n.gpu_count,
-                   nvlink_domain=n.nvlink_domain, ib_group=n.ib_group, state=n.state,
-                   last_heartbeat_at=now)
+        n.id: Node(
+            name=f"node-{n.id}",
+            region=region,
+            gpu_type=types[n.gpu_type],
+            gpu_count=n.gpu_count,
+            nvlink_domain=n.nvlink_domain,
+            ib_group=n.ib_group,
+            state=n.state,
+            last_heartbeat_at=now,
+        )
         for n in snap.nodes
     }
     Node.objects.bulk_create(node_objs.values(), batch_size=2000)
     jobs: list[tuple[core.PendingJob | core.RunningJob, Job]] = []
     holds: list[Hold] = []
     for item in (*snap.running, *snap.pending):
-        holds.append(Hold(org=orgs[item.org_id], project=projects[item.project_id],
-                          user=users[item.user_id], key=f"bench-{type(item).__name__}-{item.id}",
-                          authorized=10**12, created_at=now))
+        holds.append(
+            Hold(
+                org=orgs[item.org_id],
+                project=projects[item.project_id],
+                user=users[item.user_id],
+                key=f"bench-{type(item).__name__}-{item.id}",
+                authorized=10**12,
+                created_at=now,
+            )
+        )
     Hold.objects.bulk_create(holds, batch_size=5000)
     for item, hold in zip((*snap.running, *snap.pending), holds, strict=True):
         running = isinstance(item, core.RunningJob)
-        jobs.append((item, Job(
-            org=orgs[item.org_id], project=projects[item.project_id], user=users[item.user_id],
-            name=f"bench-{item.id}",
-            gpu_types=[item.gpu_type] if running else list(item.gpu_types),
-            gpu_count=item.gpu_count, gpu_memory_gb=0 if running else item.gpu_memory_gb,
-            max_wall_seconds=int(item.max_wall_seconds), priority_class=classes[item.priority_class],
-            preemptible=item.preemptible, state=JobState.RUNNING if running else JobState.QUEUED,
-            current_hold=hold, submitted_at=at(item.started_at if running else item.submitted_at),
-            attempt_count=1 if running else 0,
-        )))
+        jobs.append(
+            (
+                item,
+                Job(
+                    org=orgs[item.org_id],
+                    project=projects[item.project_id],
+                    user=users[item.user_id],
+                    name=f"bench-{item.id}",
+                    gpu_types=[item.gpu_type] if running else list(item.gpu_types),
+                    gpu_count=item.gpu_count,
+                    gpu_memory_gb=0 if running else item.gpu_memory_gb,
+                    max_wall_seconds=int(item.max_wall_seconds),
+                    priority_class=classes[item.priority_class],
+                    preemptible=item.preemptible,
+                    state=JobState.RUNNING if running else JobState.QUEUED,
+                    current_hold=hold,
+                    submitted_at=at(item.started_at if running else item.submitted_at),
+                    attempt_count=1 if running else 0,
+                ),
+            )
+        )
     Job.objects.bulk_create([j for _, j in jobs], batch_size=5000)
     attempts: list[tuple[core.RunningJob, JobAttempt]] = []
     for item, job in jobs:
         if isinstance(item, core.RunningJob):
             started = at(item.started_at)
-            attempts.append((item, JobAttempt(
-                job=job, number=1, org_id=job.org_id, state=AttemptState.RUNNING,
-                gpu_type=types[item.gpu_type], gpu_count=item.gpu_count,
-                rate_per_gpu_hour=GPU_TYPES[item.gpu_type].price_per_gpu_hour_micro, hold=job.current_hold,
-                scheduled_at=started, started_at=started,
-            )))
+            attempts.append(
+                (
+                    item,
+                    JobAttempt(
+                        job=job,
+                        number=1,
+                        org_id=job.org_id,
+                        state=AttemptState.RUNNING,
+                        gpu_type=types[item.gpu_type],
+                        gpu_count=item.gpu_count,
+                        rate_per_gpu_hour=GPU_TYPES[item.gpu_type].price_per_gpu_hour_micro,
+                        hold=job.current_hold,
+                        scheduled_at=started,
+                        started_at=started,
+                    ),
+                )
+            )
     JobAttempt.objects.bulk_create([a for _, a in attempts], batch_size=5000)
     Allocation.objects.bulk_create(
-        (Allocation(attempt=a, node=node_objs[n], gpu_index=i, allocated_at=a.scheduled_at)
-         for item, a in attempts for n, idx in item.allocations for i in idx),
+        (
+            Allocation(attempt=a, node=node_objs[n], gpu_index=i, allocated_at=a.scheduled_at)
+            for item, a in attempts
+            for n, idx in item.allocations
+            for i in idx
+        ),
         batch_size=5000,
     )
     AttemptUsage.objects.bulk_create(
-        (AttemptUsage(attempt=a, org_id=a.org_id, reported_gpu_ms=int((now - a.started_at).total_seconds())
-                      * 1000 * a.gpu_count, billable_gpu_ms=int((now - a.started_at).total_seconds())
-                      * 1000 * a.gpu_count) for _, a in attempts),
+        (
+            AttemptUsage(
+                attempt=a,
+                org_id=a.org_id,
+                reported_gpu_ms=int((now - a.started_at).total_seconds()) * 1000 * a.gpu_count,
+                billable_gpu_ms=int((now - a.started_at).total_seconds()) * 1000 * a.gpu_count,
+            )
+            for _, a in attempts
+        ),
         batch_size=5000,
     )
     with connection.cursor() as cursor:
@@ -151,7 +198,8 @@ def main() -> None:
     try:
         t_fill = timed(lambda: populate(snap))
         pending_rows = Job.objects.filter(state=JobState.QUEUED).values_list(
-            "id", "org_id", "project_id", "user_id", "gpu_count", "submitted_at")
+            "id", "org_id", "project_id", "user_id", "gpu_count", "submitted_at"
+        )
         base = min(timed(lambda: list(pending_rows.all())) for _ in range(args.repeat))
         loads, cores, ticks, rows = [], [], [], []
         for _ in range(args.repeat):
@@ -171,18 +219,22 @@ def main() -> None:
                 pass
         row = rows[-1]
         gpus = sum(n.gpu_count for n in snap.nodes)
-        print(f"fleet: {len(snap.nodes)} nodes, {gpus} GPUs of {len(GPU_TYPES)} types, "
-              f"{len(snap.running)} running attempts, {len(snap.pending)} pending jobs "
-              f"(filled in {t_fill:.1f} s)")
+        print(
+            f"fleet: {len(snap.nodes)} nodes, {gpus} GPUs of {len(GPU_TYPES)} types, "
+            f"{len(snap.running)} running attempts, {len(snap.pending)} pending jobs "
+            f"(filled in {t_fill:.1f} s)"
+        )
         print(f"baseline SELECT of pending jobs : {base * 1000:8.1f} ms   1.0x")
         for name, values in (("snapshot load", loads), ("core schedule()", cores), ("full tick", ticks)):
             best = min(values)
             print(f"{name:<32}: {best * 1000:8.1f} ms {best / base:6.1f}x   (best of {args.repeat})")
         if row is not None:
-            print(f"last tick: placed={row.placed} backfilled={row.backfilled} preempted={row.preempted} "
-                  f"wait-reasons changed={row.waiting_changed} conflicts={row.conflicts} | "
-                  f"load={row.load_ms} ms core={row.core_ms} ms write={row.write_ms} ms "
-                  f"total={row.total_ms} ms")
+            print(
+                f"last tick: placed={row.placed} backfilled={row.backfilled} preempted={row.preempted} "
+                f"wait-reasons changed={row.waiting_changed} conflicts={row.conflicts} | "
+                f"load={row.load_ms} ms core={row.core_ms} ms write={row.write_ms} ms "
+                f"total={row.total_ms} ms"
+            )
     finally:
         teardown_databases(old, verbosity=0)
 
