@@ -110,3 +110,19 @@ def test_fifo_policy_blocks_behind_head() -> None:
     )
     res = schedule(s)
     assert res.placements == [] and res.wait_reasons == {1: R.RESOURCES, 2: R.PRIORITY}
+
+
+def test_ski_rental_waits_for_faster_type_then_takes_slower() -> None:
+    # H100 busy; T4 free but 5x slower for this job. Fresh: wait. After waiting longer than the
+    # extra run time T4 would cost (x factor), take T4.
+    nodes = [node(1, "H100", free=[]), node(2, "T4")]
+    walls = (("H100", 3600.0), ("T4", 18_000.0))
+    fresh = job(1, gpu_types=("H100", "T4"), max_wall_by_type=walls, submitted=10_000.0)
+    res = schedule(snap(nodes, [fresh], now=10_000.0, slow_type_wait_factor=0.5))
+    assert res.placements == [] and res.wait_reasons[1] == R.RESOURCES
+    old = job(1, gpu_types=("H100", "T4"), max_wall_by_type=walls, submitted=10_000.0 - 7_300.0)
+    (p,) = schedule(snap(nodes, [old], now=10_000.0, slow_type_wait_factor=0.5)).placements
+    assert p.gpu_type == "T4" and p.max_wall_seconds == 18_000.0
+    # Baselines and factor 0 always take the first type that fits.
+    (p,) = schedule(snap(nodes, [fresh], now=10_000.0, policy="fifo_backfill")).placements
+    assert p.gpu_type == "T4"
