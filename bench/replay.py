@@ -92,6 +92,8 @@ class Sim:
         events: list[tuple[float, int, int, int]] = [(j.arrival, ARRIVE, j.id, 0) for j in self.trace.jobs]
         heapq.heapify(events)
         done = 0
+        freed = False
+        fifo_head_blocked = False
         total = len(jobs)
         t_wall = time.monotonic()
         while events:
@@ -106,6 +108,7 @@ class Sim:
                 if att is None or att.running.attempt_id != attempt:
                     continue  # stale: this attempt already ended
                 del running[jid]
+                freed = True
                 for node_id, idx in att.running.allocations:
                     free[node_id].update(idx)
                     dirty.add(node_id)
@@ -139,6 +142,11 @@ class Sim:
                 last_accrual = now
             if not pending:
                 continue
+            if cfg.policy == "fifo" and fifo_head_blocked and not freed:
+                # Exact shortcut for strict FIFO: nothing was freed and new arrivals queue behind
+                # the blocked head, so this pass would decide exactly what the last one did.
+                continue
+            freed = False
             for node_id in dirty:
                 node_objs[node_id] = replace(nodes[node_id], free_gpu_indices=frozenset(free[node_id]))
             dirty.clear()
@@ -153,6 +161,9 @@ class Sim:
             )
             result = schedule(snap)
             self.passes += 1
+            fifo_head_blocked = any(
+                d.reason_code == "resources" for d in result.decisions if not isinstance(d, (Place, Preempt))
+            )
             for d in result.decisions:
                 if isinstance(d, Place):
                     job = jobs[d.job_id]
