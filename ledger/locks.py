@@ -48,12 +48,28 @@ def lock_hold_with_clock(hold_id: int) -> tuple[Hold, datetime]:
     return hold, hold.db_clock  # type: ignore[attr-defined]
 
 
+def lock_holds(ids: Iterable[int]) -> list[Hold]:
+    """Lock holds in ascending id order and return them re-read, in that order."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return []
+    return list(Hold.objects.filter(pk__in=wanted).order_by("pk").select_for_update(of=("self",)))
+
+
 def lock_open_lines(hold_id: int) -> list[HoldLine]:
     """The hold's lines that still hold something, their buckets locked (ascending bucket id) and
     re-read in the same query (`line.bucket`). Call with the hold locked."""
+    return lock_open_lines_of([hold_id])
+
+
+def lock_open_lines_of(hold_ids: Iterable[int]) -> list[HoldLine]:
+    """`lock_open_lines` for several (locked) holds: every affected bucket locked once, by id."""
+    wanted = sorted(set(hold_ids))
+    if not wanted:
+        return []
     return list(
-        HoldLine.objects.filter(hold_id=hold_id, authorized__gt=F("captured") + F("released"))
+        HoldLine.objects.filter(hold_id__in=wanted, authorized__gt=F("captured") + F("released"))
         .select_related("bucket")
-        .order_by("bucket_id")
+        .order_by("bucket_id", "pk")
         .select_for_update(of=("bucket",))
     )

@@ -8,7 +8,13 @@ journal transaction plus its audit event, and is retried on 40001/40P01 when it 
 from ledger.services.expiry import expire_due_buckets
 from ledger.services.holds import extend_hold, place_hold
 from ledger.services.issuance import issue_credits, void_credits
-from ledger.services.settlement import capture, release_hold, release_partial, settle_hold
+from ledger.services.settlement import (
+    capture,
+    release_hold,
+    release_partial,
+    release_partial_many,
+    settle_hold,
+)
 
 __all__ = [
     "capture",
@@ -18,6 +24,7 @@ __all__ = [
     "place_hold",
     "release_hold",
     "release_partial",
+    "release_partial_many",
     "settle_hold",
     "void_credits",
 ]

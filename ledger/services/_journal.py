@@ -221,98 +221,146 @@ def _merged_legs(m: Movement) -> dict[tuple[str, int | None], int]:
 
 def write_movement(m: Movement) -> LedgerTransaction:
     """Write `m` (the caller holds the hold and bucket locks it decided under)."""
-    merged = _merged_legs(m)
-    amount = sum(a for a in merged.values() if a > 0)
-    txn = LedgerTransaction(
-        org_id=m.org_id, kind=m.kind, key=m.key, hold=m.hold, created_at=m.now, memo=m.memo,
-        amount=amount, params=m.params, request_id=current_request_id(),
-    )
-    if connection.vendor != "postgresql":
-        _write_orm(m, txn, merged)
-    else:
-        _write_sql(m, txn, merged)
-    if m.hold is not None:
-        for column, delta in m.hold_deltas.items():
-            setattr(m.hold, column, getattr(m.hold, column) + delta)
-        if m.settle:
-            m.hold.state, m.hold.settled_at = HoldState.SETTLED, m.now
-    return txn
+    return write_movements([m])[0]
 
 
-def _write_sql(m: Movement, txn: LedgerTransaction, merged: dict[tuple[str, int | None], int]) -> None:
-    bucket_ids = sorted(m.buckets)
-    line_ids = sorted(m.lines)
-    b_cols = [[m.buckets[b].get(c, 0) for b in bucket_ids] for c in BUCKET_COLUMNS]
-    l_cols = [[m.lines[ln].get(c, 0) for ln in line_ids] for c in LINE_COLUMNS]
-    h = m.hold_deltas
-    legs = list(merged.items())
-    sql = f"""
-    WITH b AS (
-        UPDATE {Bucket._meta.db_table} AS t SET
-            available = t.available + v.a, held = t.held + v.h, spent = t.spent + v.s,
-            expired = t.expired + v.e, voided = t.voided + v.v
-        FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
-            AS v(id, a, h, s, e, v)
-        WHERE t.id = v.id AND t.available + v.a >= 0 AND t.held + v.h >= 0 AND t.spent + v.s >= 0
-            AND t.expired + v.e >= 0 AND t.voided + v.v >= 0
-        RETURNING t.id
-    ), l AS (
-        UPDATE {HoldLine._meta.db_table} AS t SET
-            authorized = t.authorized + v.a, captured = t.captured + v.c, released = t.released + v.r
-        FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, a, c, r)
-        WHERE t.id = v.id
-        RETURNING t.id
-    ), nl AS (
-        INSERT INTO {HoldLine._meta.db_table} (hold_id, bucket_id, authorized, captured, released)
-        SELECT %s, v.b, v.a, 0, 0 FROM unnest(%s::bigint[], %s::bigint[]) AS v(b, a)
-        RETURNING id
-    ), h AS (
-        UPDATE {Hold._meta.db_table} SET
-            authorized = authorized + %s, captured = captured + %s, released = released + %s,
-            state = CASE WHEN %s THEN %s ELSE state END,
-            settled_at = CASE WHEN %s THEN %s ELSE settled_at END
-        WHERE id = %s AND (%s OR state = %s)
-        RETURNING id
-    ), x AS (
-        INSERT INTO {LedgerTransaction._meta.db_table}
-            (org_id, kind, key, hold_id, created_at, memo, amount, params, request_id)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)
-        RETURNING id
-    ), p AS (
-        INSERT INTO {Posting._meta.db_table} (transaction_id, org_id, account, bucket_id, amount)
-        SELECT x.id, %s, v.account, v.bucket, v.amount
-        FROM x, unnest(%s::text[], %s::bigint[], %s::bigint[]) AS v(account, bucket, amount)
-        RETURNING id
-    )
-    SELECT (SELECT id FROM x), (SELECT count(*) FROM b), (SELECT count(*) FROM l),
-           (SELECT count(*) FROM nl), (SELECT count(*) FROM h)
-    """  # noqa: S608 -- table names only; every value is a parameter
-    hold_id = m.hold.pk if m.hold is not None else None
-    params: list[Any] = [
-        bucket_ids, *b_cols,
-        line_ids, *l_cols,
-        hold_id, [b for b, _ in m.new_lines], [a for _, a in m.new_lines],
-        h.get("authorized", 0), h.get("captured", 0), h.get("released", 0),
-        m.settle, HoldState.SETTLED, m.settle, m.now,
-        hold_id, not m.settle, HoldState.ACTIVE,
-        m.org_id, m.kind, m.key, hold_id, m.now, m.memo, txn.amount, json.dumps(m.params),
-        txn.request_id,
-        m.org_id, [a for (a, _), _ in legs], [b for (_, b), _ in legs], [v for _, v in legs],
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        txn_id, n_buckets, n_lines, n_new, n_hold = cursor.fetchone()
-    expected_hold = 1 if hold_id is not None and (h or m.settle) else 0
-    if (n_buckets, n_lines, n_new) != (len(bucket_ids), len(line_ids), len(m.new_lines)) or (
-        hold_id is not None and n_hold != 1 and expected_hold
-    ):
-        raise LedgerInvariantBroken(
-            f"{m.kind} {m.key}: wrote {n_buckets}/{len(bucket_ids)} buckets, {n_lines}/{len(line_ids)} "
-            f"lines, {n_new}/{len(m.new_lines)} new lines, {n_hold} hold under lock"
+def write_movements(movements: Sequence[Movement]) -> list[LedgerTransaction]:
+    """Write several movements (each its own journal transaction) in one statement on PostgreSQL.
+
+    The caller holds every hold and bucket lock the movements were decided under.
+    """
+    prepared = []
+    for m in movements:
+        merged = _merged_legs(m)
+        txn = LedgerTransaction(
+            org_id=m.org_id, kind=m.kind, key=m.key, hold=m.hold, created_at=m.now, memo=m.memo,
+            amount=sum(a for a in merged.values() if a > 0), params=m.params,
+            request_id=current_request_id(),
         )
-    txn.pk = txn_id
-    txn._state.adding = False
-    txn._state.db = connection.alias
+        prepared.append((m, txn, merged))
+    if not prepared:
+        return []
+    if connection.vendor != "postgresql":
+        for m, txn, merged in prepared:
+            _write_orm(m, txn, merged)
+    else:
+        _write_sql(prepared)
+    for m, _, _ in prepared:
+        if m.hold is not None:
+            for column, delta in m.hold_deltas.items():
+                setattr(m.hold, column, getattr(m.hold, column) + delta)
+            if m.settle:
+                m.hold.state, m.hold.settled_at = HoldState.SETTLED, m.now
+    return [txn for _, txn, _ in prepared]
+
+
+_WRITE_SQL = f"""
+WITH b AS (
+    UPDATE {Bucket._meta.db_table} AS t SET
+        available = t.available + v.a, held = t.held + v.h, spent = t.spent + v.s,
+        expired = t.expired + v.e, voided = t.voided + v.v
+    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
+        AS v(id, a, h, s, e, v)
+    WHERE t.id = v.id AND t.available + v.a >= 0 AND t.held + v.h >= 0 AND t.spent + v.s >= 0
+        AND t.expired + v.e >= 0 AND t.voided + v.v >= 0
+    RETURNING t.id
+), l AS (
+    UPDATE {HoldLine._meta.db_table} AS t SET
+        authorized = t.authorized + v.a, captured = t.captured + v.c, released = t.released + v.r
+    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, a, c, r)
+    WHERE t.id = v.id
+    RETURNING t.id
+), nl AS (
+    INSERT INTO {HoldLine._meta.db_table} (hold_id, bucket_id, authorized, captured, released)
+    SELECT v.hold, v.b, v.a, 0, 0 FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(hold, b, a)
+    RETURNING id
+), h AS (
+    UPDATE {Hold._meta.db_table} AS t SET
+        authorized = t.authorized + v.a, captured = t.captured + v.c, released = t.released + v.r,
+        state = CASE WHEN v.settle THEN %s ELSE t.state END,
+        settled_at = CASE WHEN v.settle THEN v.at ELSE t.settled_at END
+    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::boolean[], %s::timestamptz[])
+        AS v(id, a, c, r, settle, at)
+    WHERE t.id = v.id AND (NOT v.settle OR t.state = %s)
+    RETURNING t.id
+), x AS (
+    INSERT INTO {LedgerTransaction._meta.db_table}
+        (org_id, kind, key, hold_id, created_at, memo, amount, params, request_id)
+    SELECT v.org, v.kind, v.key, v.hold, v.at, v.memo, v.amount, v.params::jsonb, v.rid
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[], %s::text[],
+                %s::bigint[], %s::text[], %s::text[])
+        AS v(org, kind, key, hold, at, memo, amount, params, rid)
+    RETURNING id, org_id, key
+), p AS (
+    INSERT INTO {Posting._meta.db_table} (transaction_id, org_id, account, bucket_id, amount)
+    SELECT x.id, v.org, v.account, v.bucket, v.amount
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
+        AS v(org, key, account, bucket, amount)
+    JOIN x ON x.org_id = v.org AND x.key = v.key
+    RETURNING id
+)
+SELECT x.id, x.org_id, x.key, (SELECT count(*) FROM b), (SELECT count(*) FROM l),
+       (SELECT count(*) FROM nl), (SELECT count(*) FROM h), (SELECT count(*) FROM p)
+FROM x
+"""  # noqa: S608 -- table names only; every value is a parameter
+
+
+def _write_sql(prepared: list[tuple[Movement, LedgerTransaction, dict[tuple[str, int | None], int]]]) -> None:
+    buckets: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    lines: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    holds: dict[int, dict[str, Any]] = {}
+    new_lines: list[tuple[int, int, int]] = []
+    for m, _, _ in prepared:
+        for bucket_id, cols in m.buckets.items():
+            for c, d in cols.items():
+                buckets[bucket_id][c] += d
+        for line_id, cols in m.lines.items():
+            for c, d in cols.items():
+                lines[line_id][c] += d
+        if m.hold is not None:
+            new_lines += [(m.hold.pk, b, a) for b, a in m.new_lines]
+            if m.hold_deltas or m.settle:
+                entry = holds.setdefault(m.hold.pk, {"settle": False, "at": m.now})
+                for c, d in m.hold_deltas.items():
+                    entry[c] = entry.get(c, 0) + d
+                if m.settle:
+                    entry["settle"], entry["at"] = True, m.now
+    bucket_ids, line_ids, hold_ids = sorted(buckets), sorted(lines), sorted(holds)
+    postings = [
+        (m.org_id, m.key, account, bucket_id, amount)
+        for m, _, merged in prepared for (account, bucket_id), amount in merged.items()
+    ]
+    params: list[Any] = [
+        bucket_ids, *([buckets[b][c] for b in bucket_ids] for c in BUCKET_COLUMNS),
+        line_ids, *([lines[ln][c] for ln in line_ids] for c in LINE_COLUMNS),
+        [h for h, _, _ in new_lines], [b for _, b, _ in new_lines], [a for _, _, a in new_lines],
+        HoldState.SETTLED,
+        hold_ids, *([holds[h].get(c, 0) for h in hold_ids] for c in LINE_COLUMNS),
+        [holds[h]["settle"] for h in hold_ids], [holds[h]["at"] for h in hold_ids],
+        HoldState.ACTIVE,
+        *zip(*[
+            (t.org_id, t.kind, t.key, t.hold_id, t.created_at, t.memo, t.amount, json.dumps(t.params),
+             t.request_id)
+            for _, t, _ in prepared
+        ], strict=True),
+        *(zip(*postings, strict=True) if postings else ([], [], [], [], [])),
+    ]
+    params = [list(p) if isinstance(p, tuple) else p for p in params]
+    with connection.cursor() as cursor:
+        cursor.execute(_WRITE_SQL, params)
+        rows = cursor.fetchall()
+    ids = {(org_id, key): txn_id for txn_id, org_id, key, *_ in rows}
+    counts = tuple(rows[0][3:]) if rows else (0, 0, 0, 0, 0)
+    wanted = (len(bucket_ids), len(line_ids), len(new_lines), len(hold_ids), len(postings))
+    if len(ids) != len(prepared) or counts != wanted:
+        raise LedgerInvariantBroken(
+            f"ledger write under lock: wrote {counts} of {wanted} (buckets, lines, new lines, holds, "
+            f"postings) for {len(ids)} of {len(prepared)} transactions"
+        )
+    for _, txn, _ in prepared:
+        txn.pk = ids[(txn.org_id, txn.key)]
+        txn._state.adding = False
+        txn._state.db = connection.alias
 
 
 def _write_orm(m: Movement, txn: LedgerTransaction, merged: dict[tuple[str, int | None], int]) -> None:

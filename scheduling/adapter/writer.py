@@ -11,21 +11,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
+from audit.models import AuditEvent
+from audit.services import NewEvent, record_many
 from config.errors import DomainError
+from ledger.models import Hold
 from metering.cost import cost
 from metering.models import AttemptUsage
 from scheduling import core
-from scheduling.adapter.audit_batch import PendingEvent, record_many
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
-from scheduling.services.lifecycle import can_transition, request_stop
+from scheduling.services.lifecycle import can_transition, request_stop_many
 
 log = logging.getLogger("scheduling.adapter")
 assert can_transition(JobState.QUEUED, JobState.SCHEDULED)  # the bulk path below relies on it
+
+
+def _event(**fields: Any) -> NewEvent:
+    return NewEvent(actor_type=AuditEvent.ActorType.SCHEDULER, **fields)
 
 
 @dataclass(slots=True)
@@ -104,11 +111,7 @@ def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_typ
     hold = lock_hold(attempt.hold_id)
     if hold.state != HoldState.ACTIVE:
         return 0
-    seconds = row.max_wall_seconds
-    if row.hold_window_seconds:
-        seconds = min(seconds, row.hold_window_seconds)
-    needed = cost(attempt.gpu_count * seconds * 1000, attempt.rate_per_gpu_hour)
-    excess = hold.remaining - needed
+    excess = _excess(hold, attempt, row)
     if excess <= 0:
         return 0
     record_release(hold=hold, amount=excess)
@@ -116,7 +119,7 @@ def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_typ
     return excess
 
 
-def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[PendingEvent]) -> None:
+def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent]) -> None:
     if not places:
         return
     # Lock the jobs (one query, id order) and keep only those still queued with a hold.
@@ -141,11 +144,12 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
         wait_detail="", not_before=None, updated_at=loaded.now,
     )
     prices = loaded.snapshot.gpu_types
+    cheaper: list[tuple[int, JobAttempt, PendingRow]] = []
     for place, attempt in done:
         row = loaded.pending[place.job_id]
         applied.placed.append(place.job_id)
         applied.backfilled += place.backfilled
-        events.append(PendingEvent(
+        events.append(_event(
             action="sched.place", subject_type="job", subject_id=place.job_id, org_id=row.org_id,
             reason_code=place.reason_code,
             data={"from": JobState.QUEUED, "to": JobState.SCHEDULED, "attempt": attempt.number,
@@ -157,34 +161,75 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
         accepted = row.gpu_types or tuple(prices)
         dearest = max((prices[t].price_per_gpu_hour_micro for t in accepted if t in prices), default=0)
         if place.rate_micro_per_gpu_hour < dearest:
-            try:
-                with transaction.atomic():
-                    applied.excess_released += release_excess(
-                        job_id=place.job_id, attempt=attempt, row=row, gpu_type=place.gpu_type
-                    )
-            except DomainError:
-                log.exception("could not release the excess hold of job %s", place.job_id)
+            cheaper.append((place.job_id, attempt, row))
+    applied.excess_released += _release_excess_many(cheaper)
+
+
+def _excess(hold: Hold, attempt: JobAttempt, row: PendingRow) -> int:
+    seconds = row.max_wall_seconds
+    if row.hold_window_seconds:
+        seconds = min(seconds, row.hold_window_seconds)
+    return hold.remaining - cost(attempt.gpu_count * seconds * 1000, attempt.rate_per_gpu_hour)
+
+
+def _release_excess_many(cheaper: list[tuple[int, JobAttempt, PendingRow]]) -> int:
+    """Release the excess holds of all cheaper placements in one batch ledger call (holds locked
+    by id, then budgets per hold, then every affected bucket by id); if the batch is refused,
+    fall back to job by job so one bad hold does not keep the others' excess held."""
+    from budgets.services import record_release
+    from ledger.locks import lock_holds
+    from ledger.models import HoldState
+    from ledger.services import release_partial_many
+
+    if not cheaper:
+        return 0
+    holds = {h.pk: h for h in lock_holds(a.hold_id for _, a, _ in cheaper)}
+    items: list[tuple[Hold, int, str]] = []
+    for job_id, attempt, row in cheaper:
+        hold = holds.get(attempt.hold_id)
+        if hold is None or hold.state != HoldState.ACTIVE:
+            continue
+        excess = _excess(hold, attempt, row)
+        if excess > 0:
+            items.append((hold, excess, f"job:{job_id}:attempt:{attempt.number}:excess"))
+    if len({h.pk for h, _, _ in items}) == len(items):
+        try:
+            with transaction.atomic():
+                for hold, excess, _ in items:
+                    record_release(hold=hold, amount=excess)
+                release_partial_many(items=items)
+            return sum(excess for _, excess, _ in items)
+        except DomainError:
+            log.exception("batch release of excess holds refused; releasing job by job")
+    released = 0
+    for job_id, attempt, row in cheaper:
+        try:
+            with transaction.atomic():
+                released += release_excess(job_id=job_id, attempt=attempt, row=row, gpu_type="")
+        except DomainError:
+            log.exception("could not release the excess hold of job %s", job_id)
+    return released
 
 
 def _preempt(loaded: Loaded, preempts: list[core.Preempt], applied: Applied,
-             events: list[PendingEvent]) -> None:
+             events: list[NewEvent]) -> None:
+    stopped = request_stop_many(
+        items=[(d.attempt_id, d.grace_seconds) for d in preempts], reason="preempted"
+    )
     for decision in preempts:
-        attempt = JobAttempt.objects.filter(pk=decision.attempt_id).first()
-        if attempt is None:
-            continue
-        stopped = request_stop(attempt=attempt, reason="preempted", grace_seconds=decision.grace_seconds)
-        if stopped.stop_reason != "preempted":
-            continue  # ended meanwhile, or a cancellation got there first
+        attempt = stopped.get(decision.attempt_id)
+        if attempt is None or attempt.stop_reason != "preempted":
+            continue  # gone, ended meanwhile, or a cancellation got there first
         applied.preempted += 1
-        events.append(PendingEvent(
+        events.append(_event(
             action="sched.preempt", subject_type="job", subject_id=decision.job_id,
             org_id=loaded.attempt_orgs.get(decision.attempt_id), reason_code=decision.reason_code,
             data={"attempt_id": decision.attempt_id, "for_job": decision.for_job_id,
-                  "grace_seconds": stopped.grace_seconds},
+                  "grace_seconds": attempt.grace_seconds},
         ))
 
 
-def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list[PendingEvent]) -> None:
+def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list[NewEvent]) -> None:
     changed: list[Job] = []
     for skip in skips:
         row = loaded.pending.get(skip.job_id)
@@ -195,7 +240,7 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
             continue
         changed.append(Job(pk=skip.job_id, wait_reason=skip.reason_code, wait_detail=detail))
         if row.wait_reason != skip.reason_code:
-            events.append(PendingEvent(
+            events.append(_event(
                 action="sched.skip", subject_type="job", subject_id=skip.job_id, org_id=row.org_id,
                 reason_code=skip.reason_code, data={"detail": detail, "previous": row.wait_reason},
             ))
@@ -226,9 +271,9 @@ def _write_wait_reasons(changed: list[Job]) -> None:
 def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
     """Apply `result` inside the caller's transaction (which holds the leader lock)."""
     applied = Applied()
-    events: list[PendingEvent] = []
+    events: list[NewEvent] = []
     _place(loaded, result.placements, applied, events)
     _preempt(loaded, result.preemptions, applied, events)
     _skip(loaded, result.skips, applied, events)
-    applied.events = record_many(events)
+    applied.events = len(record_many(events))
     return applied

@@ -173,6 +173,16 @@ def mark_attempt_started(*, attempt: JobAttempt) -> JobAttempt:
     return attempt
 
 
+def _stop_changes(attempt: JobAttempt, reason: str) -> bool:
+    """Whether a stop request changes the (locked) attempt: not if it ended, nor if it is already
+    stopping -- unless a cancellation overrides another reason."""
+    if attempt.state == AttemptState.ENDED:
+        return False
+    if attempt.state == AttemptState.STOPPING:
+        return reason == "cancelled" and attempt.stop_reason != "cancelled"
+    return True
+
+
 @transaction.atomic
 def request_stop(
     *, attempt: JobAttempt, reason: str, grace_seconds: int | float | None = None
@@ -187,11 +197,7 @@ def request_stop(
         grace_seconds = _setting("SCHEDULER_STOP_GRACE_SECONDS", 30)
     _lock_job(attempt.job_id)
     current = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
-    if current.state == AttemptState.ENDED:
-        return current
-    if current.state == AttemptState.STOPPING and not (
-        reason == "cancelled" and current.stop_reason != "cancelled"
-    ):
+    if not _stop_changes(current, reason):
         return current
     now = db_now()
     grace = int(grace_seconds)
@@ -366,3 +372,53 @@ def fund_waiting_jobs(*, limit: int = 100) -> int:
             if job.state == S.QUEUED and job.current_hold_id is None:
                 funded += fund_job(job=job)
     return funded
+
+
+@transaction.atomic
+def request_stop_many(
+    *, items: list[tuple[int, int | float | None]], reason: str
+) -> dict[int, JobAttempt]:
+    """`request_stop` for many attempts: [(attempt id, grace seconds or None)] -> attempts re-read.
+
+    Same per-attempt rules and audit event as `request_stop`, with the locks taken in bulk and in
+    the usual order (their jobs by id, then the attempts by id), one UPDATE and one audit batch.
+    """
+    from audit.services import NewEvent, record_many
+
+    if not items:
+        return {}
+    default_grace = _setting("SCHEDULER_STOP_GRACE_SECONDS", 30)
+    graces = {a: int(default_grace if g is None else g) for a, g in items}
+    job_ids = JobAttempt.objects.filter(pk__in=graces).values_list("job_id", flat=True)
+    list(Job.objects.select_for_update(of=("self",)).filter(pk__in=job_ids).order_by("pk").values_list("pk"))
+    # ^ the jobs first (lock order: job -> attempt), then their attempts, each set by id
+    current = {
+        a.pk: a
+        for a in JobAttempt.objects.select_for_update(of=("self",)).filter(pk__in=graces).order_by("pk")
+    }
+    now = db_now()
+    to_stop = [a for a in current.values() if _stop_changes(a, reason)]
+    if to_stop:
+        # Rows are locked, so each conditional UPDATE (state unchanged) matches all of its ids;
+        # one UPDATE per (state, grace, first request or not), a handful in practice.
+        for state in {a.state for a in to_stop}:
+            group = [a for a in to_stop if a.state == state]
+            for grace in {graces[a.pk] for a in group}:
+                ids = [a.pk for a in group if graces[a.pk] == grace]
+                base = JobAttempt.objects.filter(pk__in=ids, state=state)
+                base.filter(stop_requested_at__isnull=True).update(
+                    state=AttemptState.STOPPING, stop_requested_at=now, stop_reason=reason,
+                    grace_seconds=grace,
+                )
+                base.filter(stop_requested_at__isnull=False).update(
+                    state=AttemptState.STOPPING, stop_reason=reason, grace_seconds=grace,
+                )
+        record_many([
+            NewEvent(
+                action="sched.attempt.stop", subject_type="attempt", subject_id=a.pk, org_id=a.org_id,
+                actor_type=AuditEvent.ActorType.SCHEDULER, reason_code=reason,
+                data={"job": a.job_id, "attempt": a.number, "grace_seconds": graces[a.pk]},
+            )
+            for a in to_stop
+        ])
+    return {a.pk: a for a in JobAttempt.objects.filter(pk__in=graces)}

@@ -32,3 +32,25 @@ def test_database_rejects_changes(change: str) -> None:
         else:
             AuditEvent.objects.filter(pk=event.pk).delete()
     assert AuditEvent.objects.get(pk=event.pk).amount is None
+
+
+@pytest.mark.django_db
+def test_record_many_interleaves_with_record_and_keeps_input_order() -> None:
+    from audit.services import NewEvent, record_many
+    from audit.verification import verify_chains
+
+    first = record(action="a", subject_type="s", subject_id=1, org_id=7)
+    specs = [
+        NewEvent(action="b", subject_type="s", subject_id=2, org_id=8),
+        NewEvent(action="c", subject_type="s", subject_id=3, org_id=7, amount=4, data={"k": [1]}),
+        NewEvent(action="d", subject_type="s", subject_id=4, org_id=None),
+        NewEvent(action="e", subject_type="s", subject_id=5, org_id=7),
+    ]
+    events = record_many(specs)
+    assert [e.action for e in events] == ["b", "c", "d", "e"]
+    assert [(e.chain, e.seq) for e in events] == [("org:8", 1), ("org:7", 2), ("system", 1), ("org:7", 3)]
+    assert events[1].prev_hash == first.hash and events[3].prev_hash == events[1].hash
+    last = record(action="f", subject_type="s", subject_id=6, org_id=7)
+    assert (last.seq, last.prev_hash) == (4, events[3].hash)
+    assert record_many([]) == []
+    assert verify_chains() == []

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from ledger.errors import (
     CaptureExceedsHold,
     HoldNotActive,
@@ -204,3 +205,41 @@ def test_settle_hold_clamps_to_the_hold(org) -> None:
     fund(org, 100)
     hold = settle_hold(hold=place_hold(org=org, amount=20, key="h"), capture_total=99, reason="x")
     assert (hold.captured, hold.released) == (20, 0)
+
+
+def test_release_partial_many_matches_release_partial(org) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from ledger.services import release_partial_many
+
+    now = timezone.now()
+    soon = fund(org, 100, expires_at=now + timedelta(days=5))
+    never = fund(org, 100)
+    holds = [place_hold(org=org, amount=60, key=f"h{i}") for i in range(3)]  # 60, 40+20, 60
+    single = place_hold(org=org, amount=10, key="single")
+    with CaptureQueriesContext(connection) as queries:
+        txns = release_partial_many(
+            items=[(holds[0], 50, "x"), (holds[1], 45, "x"), (holds[2], 1, "x")], reason="excess"
+        )
+    assert len(queries) < 15  # bulk: not one round trip per row
+    assert [t.params for t in txns] == [{"amount": a, "final": False} for a in (50, 45, 1)]
+    for hold, released in zip(holds, (50, 45, 1), strict=True):
+        hold.refresh_from_db()
+        assert (hold.state, hold.released) == (HoldState.ACTIVE, released)
+    # Latest-expiring first, as release_partial: hold 1 had 40 from `soon` and 20 from `never`.
+    lines = {ln.bucket_id: ln.released for ln in holds[1].lines.all()}
+    assert lines == {soon.pk: 25, never.pk: 20}
+    assert LedgerTransaction.objects.filter(kind="release").count() == 3
+    assert AuditEvent.objects.filter(action="ledger.release").count() == 3
+    # Replays return the same transactions; a different amount for a used key is a conflict.
+    again = release_partial_many(items=[(holds[0], 50, "x"), (single, 5, "y")])
+    assert again[0].pk == txns[0].pk and again[1].key == f"release:{single.pk}:y"
+    with pytest.raises(IdempotencyConflict):
+        release_partial_many(items=[(holds[1], 44, "x")])
+    with pytest.raises(CaptureExceedsHold):
+        release_partial_many(items=[(holds[2], 60, "z")])
+    assert_journal_consistent()
+    from ledger.verification import verify_ledger
+
+    assert verify_ledger() == []

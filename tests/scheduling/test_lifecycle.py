@@ -169,3 +169,26 @@ def test_backoff_doubles_and_caps(settings: Any) -> None:
     settings.SCHEDULER_RETRY_BACKOFF_SECONDS = 10
     settings.SCHEDULER_RETRY_BACKOFF_MAX_SECONDS = 60
     assert [retry_backoff(n).total_seconds() for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
+
+
+def test_request_stop_many_matches_request_stop(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    from scheduling.services.lifecycle import request_stop_many
+
+    running = make_attempt(make_job(S.RUNNING), AttemptState.RUNNING)
+    scheduled = make_attempt(make_job(S.SCHEDULED), AttemptState.SCHEDULED)
+    stopping = make_attempt(make_job(S.RUNNING), AttemptState.RUNNING)
+    request_stop(attempt=stopping, reason="cancelled", grace_seconds=9)
+    before = AuditEvent.objects.filter(action="sched.attempt.stop").count()
+    out = request_stop_many(
+        items=[(running.pk, 120), (scheduled.pk, None), (stopping.pk, 5)], reason="preempted"
+    )
+    assert (out[running.pk].state, out[running.pk].stop_reason, out[running.pk].grace_seconds) == (
+        AttemptState.STOPPING, "preempted", 120,
+    )
+    assert out[scheduled.pk].stop_reason == "preempted" and out[scheduled.pk].stop_requested_at
+    # Already stopping for a cancellation: unchanged, not audited again.
+    assert (out[stopping.pk].stop_reason, out[stopping.pk].grace_seconds) == ("cancelled", 9)
+    assert AuditEvent.objects.filter(action="sched.attempt.stop").count() == before + 2
+    assert request_stop_many(items=[(running.pk, 1)], reason="preempted")[running.pk].grace_seconds == 120
