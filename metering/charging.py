@@ -20,6 +20,7 @@ from audit.services import record
 from config.errors import DomainError
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
+from ledger.retry import retry_on_conflict
 from ledger.services import capture, extend_hold
 from metering import conf
 from metering.cost import cost
@@ -110,6 +111,7 @@ def _try_extend(attempt: JobAttempt, job: Job, hold: Hold, amount: int) -> str:
     return ""
 
 
+@retry_on_conflict()
 @transaction.atomic
 def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     """Capture the attempt's progress; extend its hold or stop it for lack of credit. Idempotent."""

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from config.errors import DomainError
+from ledger.retry import retry_on_conflict
 from metering.heartbeats import HeartbeatItem, apply_usage, ensure_usage_rows, stops_for_node
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, Node
 
@@ -119,6 +120,7 @@ class ExitResult:
     duplicate: bool
 
 
+@retry_on_conflict()
 def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResult:
     """Apply the final usage and end the attempt (settlement + requeue or terminal, in lifecycle).
 

@@ -15,6 +15,7 @@ from audit.services import record
 from config.clock import db_now
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
+from ledger.retry import retry_on_conflict
 from ledger.services import settle_hold
 from metering.cost import MS_PER_HOUR, cost
 from metering.models import AttemptUsage
@@ -47,6 +48,7 @@ def _budgets_for_settlement(hold: Hold, capture_total: int) -> tuple[int, int]:
     return to_capture, to_release
 
 
+@retry_on_conflict()
 @transaction.atomic
 def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
     """Capture cost(billable usage) at the attempt's fixed rate and release the rest of its hold.

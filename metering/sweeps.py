@@ -20,6 +20,7 @@ from django.db.models import Exists, OuterRef
 from audit.services import record
 from config.clock import db_now
 from ledger.models import Hold, HoldState
+from ledger.retry import retry_on_conflict
 from ledger.services import expire_due_buckets, release_hold
 from ledger.verification import verify_ledger
 from metering import conf, metrics
@@ -63,6 +64,7 @@ def release_stranded_holds(*, limit: int = 200) -> dict[str, int]:
     return done
 
 
+@retry_on_conflict()
 @transaction.atomic
 def _settle_stranded(hold_id: int) -> str:
     from budgets.services import record_release
