@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.test import Client
+from django.utils import timezone
+
 from ledger.models import MICRO, Bucket, HoldState
 from metering.heartbeats import HeartbeatItem
 from metering.models import AttemptUsage
@@ -41,3 +44,32 @@ def test_usage_beyond_the_hold_is_never_captured(
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
     hold = settle_attempt(attempt=a, outcome="completed")
     assert (hold.captured, hold.released) == (1 * MICRO, 0)
+
+
+def test_reconciliation_flags_a_capture_that_disagrees_with_usage(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    from django.core.cache import cache
+
+    from audit.models import AuditEvent
+    from metering.metrics import RECONCILIATION_CACHE_KEY
+    from metering.sweeps import reconcile
+
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=10 * MICRO)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 2_000_000)])
+    settle_attempt(attempt=a, outcome="completed")
+    from scheduling.models import AttemptState
+
+    JobAttempt.objects.filter(pk=a.pk).update(state=AttemptState.ENDED, ended_at=timezone.now())
+    assert reconcile().clean
+    # Usage that moved after settlement (a bug elsewhere) no longer matches what was captured.
+    AttemptUsage.objects.filter(pk=a.pk).update(billable_gpu_ms=2_500_000, reported_gpu_ms=2_500_000)
+    found = reconcile()
+    assert found.counts()["captured_mismatch"] == 1
+    assert AuditEvent.objects.filter(
+        action="metering.reconciliation_alert", reason_code="captured_mismatch"
+    ).exists()
+    assert cache.get(RECONCILIATION_CACHE_KEY)["counts"]["captured_mismatch"] == 1
+    metrics = Client().get("/metrics").content.decode()
+    assert 'gpubank_reconciliation_discrepancies{check="captured_mismatch"} 1.0' in metrics
