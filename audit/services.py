@@ -145,24 +145,39 @@ def record(
     )
     chain = chain_for(org_id)
     if connection.vendor != "postgresql":
-        return record_many([spec])[0]
+        # Embedded SQLite: the whole database is locked by the transaction anyway.
+        record_many([spec])
+        return AuditEvent.objects.filter(chain=chain).order_by("-seq").first()  # type: ignore[return-value]
     seq, prev, now = _advance_head(chain, 1)
     event = _build(spec, chain=chain, seq=seq + 1, prev=prev, now=now, request_id=current_request_id())
     _insert_and_move_head(event)
     return event
 
 
-@transaction.atomic(savepoint=False)
-def record_many(events: Sequence[NewEvent]) -> list[AuditEvent]:
-    """Append `events` (in order within each chain) with one head lock per chain and bulk inserts.
+_COLUMNS = (
+    "created_at", "org_id", "actor_type", "actor_id", "action", "subject_type", "subject_id",
+    "amount", "reason_code", "data", "request_id", "chain", "seq", "prev_hash", "hash",
+)
+_TYPES = {"created_at": "timestamptz", "org_id": "bigint", "amount": "bigint", "seq": "bigint",
+          "data": "jsonb"}
+_BULK_SQL = (
+    f"INSERT INTO {_EVENT} ({', '.join(_COLUMNS)}) SELECT {', '.join(_COLUMNS)} "  # noqa: S608
+    "FROM json_to_recordset(%s::json) AS v("
+    + ", ".join(f"{c} {_TYPES.get(c, 'text')}" for c in _COLUMNS)
+    + ")"
+)
 
-    Same chain rules as `record`; call it inside the transaction that made the changes.
-    """
+
+@transaction.atomic(savepoint=False)
+def record_many(events: Sequence[NewEvent]) -> int:
+    """Append `events` (in order within each chain) with one head lock per chain and one bulk
+    insert; returns how many. Same chain rules as `record`; call it inside the transaction that
+    made the changes. (Rows are built as plain dicts: model instances cost more than the SQL.)"""
     if not events:
-        return []
-    by_chain: dict[str, list[tuple[int, NewEvent]]] = defaultdict(list)
-    for index, spec in enumerate(events):
-        by_chain[chain_for(spec.org_id)].append((index, spec))
+        return 0
+    by_chain: dict[str, list[NewEvent]] = defaultdict(list)
+    for spec in events:
+        by_chain[chain_for(spec.org_id)].append(spec)
     chains = sorted(by_chain)
     AuditChainHead.objects.bulk_create(
         [AuditChainHead(chain=c, seq=0, hash=GENESIS) for c in chains], ignore_conflicts=True
@@ -174,29 +189,47 @@ def record_many(events: Sequence[NewEvent]) -> list[AuditEvent]:
     }
     now = db_now()
     request_id = current_request_id()
-    rows: list[AuditEvent] = []
-    # Returned in input order, so callers can pair events with what they recorded.
-    result: list[AuditEvent | None] = [None] * len(events)
+    rows: list[dict[str, Any]] = []
     for chain in chains:
         head = heads[chain]
         seq, prev = head.seq, head.hash
-        for index, spec in by_chain[chain]:
+        for spec in by_chain[chain]:
             seq += 1
-            row = _build(spec, chain=chain, seq=seq, prev=prev, now=now, request_id=request_id)
-            prev = row.hash
-            rows.append(row)
-            result[index] = row
+            fields = {
+                "created_at": now, "org_id": spec.org_id, "actor_type": spec.actor_type,
+                "actor_id": str(spec.actor_id), "action": spec.action,
+                "subject_type": spec.subject_type, "subject_id": str(spec.subject_id),
+                "amount": spec.amount, "reason_code": spec.reason_code, "data": spec.data or {},
+                "request_id": request_id,
+            }
+            digest = event_digest(prev_hash=prev, chain=chain, seq=seq, fields=fields)
+            rows.append({**fields, "chain": chain, "seq": seq, "prev_hash": prev, "hash": digest})
+            prev = digest
         head.seq, head.hash = seq, prev
-    AuditEvent.objects.bulk_create(rows, batch_size=2000)
-    if connection.vendor == "postgresql" and len(heads) > 1:
+    if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {_HEAD} AS h SET seq = v.seq, hash = v.hash "  # noqa: S608
-                "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS v(chain, seq, hash) "
-                "WHERE h.chain = v.chain",
-                [list(heads), [h.seq for h in heads.values()], [h.hash for h in heads.values()]],
-            )
-    else:
-        for head in heads.values():
-            AuditChainHead.objects.filter(chain=head.chain).update(seq=head.seq, hash=head.hash)
-    return [row for row in result if row is not None]
+            cursor.execute(_BULK_SQL, [json.dumps(rows, default=_iso)])
+            if len(heads) > 1:
+                cursor.execute(
+                    f"UPDATE {_HEAD} AS h SET seq = v.seq, hash = v.hash "  # noqa: S608
+                    "FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS v(chain, seq, hash) "
+                    "WHERE h.chain = v.chain",
+                    [list(heads), [h.seq for h in heads.values()], [h.hash for h in heads.values()]],
+                )
+            else:
+                (head,) = heads.values()
+                cursor.execute(
+                    f"UPDATE {_HEAD} SET seq = %s, hash = %s WHERE chain = %s",  # noqa: S608
+                    [head.seq, head.hash, head.chain],
+                )
+        return len(rows)
+    AuditEvent.objects.bulk_create([AuditEvent(**row) for row in rows], batch_size=2000)
+    for head in heads.values():
+        AuditChainHead.objects.filter(chain=head.chain).update(seq=head.seq, hash=head.hash)
+    return len(rows)
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON-serializable in an audit event: {type(value).__name__}")
