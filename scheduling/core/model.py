@@ -149,12 +149,12 @@ class Config:
     policy: Policy = "fair"
     priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
     fairshare_half_life_seconds: float = 7 * 24 * 3600.0
-    fairshare_weight: float = 0.5
-    size_weight: float = 0.4
+    fairshare_weight: float = 0.3
+    size_weight: float = 0.65
     """Weight of the small-request factor (requested GPU x wall time), Slurm's job-size factor."""
     aging_seconds_per_class: float = 24 * 3600.0
     """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
-    slow_type_wait_factor: float = 1.0
+    slow_type_wait_factor: float = 0.5
     """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
     a slower type would cost (ski rental); 0 = always take the first type that fits."""
     backfill: bool = True
