@@ -10,7 +10,7 @@ object exists); 403 is reserved for callers who may see an object but not change
 """
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
@@ -66,6 +66,32 @@ def get_visible_project(user: AnyUser, project_id: int) -> Project:
     return project
 
 
+def get_visible_project_for_submit(user: AnyUser, project_id: int) -> Project:
+    """`get_visible_project` in one query that also reads the caller's roles, so the
+    `can_submit` that follows costs no query (the roles are kept on the returned project)."""
+    project = (
+        Project.objects.select_related("org")
+        .annotate(
+            caller_org_role=Subquery(
+                OrgMembership.objects.filter(user=user, org_id=OuterRef("org_id"))
+                .order_by("pk").values("role")[:1]
+            ),
+            caller_project_role=Subquery(
+                Membership.objects.filter(user=user, project_id=OuterRef("pk"))
+                .order_by("pk").values("role")[:1]
+            ),
+        )
+        .filter(pk=project_id)
+        .first()
+    )
+    if project is None or not (
+        is_finance(user) or project.caller_org_role is not None or project.caller_project_role is not None
+    ):
+        raise Http404("No such project.")
+    project._gpubank_roles = (user.pk, project.caller_org_role, project.caller_project_role)  # type: ignore[attr-defined]
+    return project
+
+
 def require_org_manager(user: AnyUser, org: Organization) -> None:
     """Org owners/admins (and finance) may manage an org's projects, members and budgets."""
     if is_finance(user) or org_role(user, org.pk) in ORG_MANAGER_ROLES:
@@ -86,7 +112,19 @@ def require_finance(user: AnyUser) -> None:
 
 
 def can_submit(user: AnyUser, project: Project) -> bool:
-    if org_role(user, project.org_id) in ORG_MANAGER_ROLES:
+    """A non-viewer project member, or an org owner/admin (roles read by
+    `get_visible_project_for_submit` in the same request are reused)."""
+    cached = getattr(project, "_gpubank_roles", None)
+    if cached is not None and cached[0] == user.pk:
+        org_level, role = cached[1], cached[2]
+    else:
+        org_level = org_role(user, project.org_id)
+        role = None
+        if org_level not in ORG_MANAGER_ROLES:
+            role = (
+                Membership.objects.filter(user=user, project=project)
+                .values_list("role", flat=True).first()
+            )
+    if org_level in ORG_MANAGER_ROLES:
         return True
-    role = Membership.objects.filter(user=user, project=project).values_list("role", flat=True).first()
     return role is not None and role != OrgRole.VIEWER

@@ -58,11 +58,10 @@ def _applicable(org_id: int, project_id: int | None, user_id: int | None) -> lis
     return list(Budget.objects.filter(scope, org_id=org_id))
 
 
-def _lock_periods_by_id(period_ids: list[int]) -> list[BudgetPeriod]:
-    if not period_ids:
-        return []
+def _lock_periods(match: Q) -> list[BudgetPeriod]:
+    """Lock the matching period rows in lock order (level org, project, member; budget id)."""
     return list(
-        BudgetPeriod.objects.filter(pk__in=period_ids)
+        BudgetPeriod.objects.filter(match)
         .select_related("budget")
         .annotate(level_rank=LEVEL_RANK)
         .order_by("level_rank", "budget_id", "pk")
@@ -70,13 +69,26 @@ def _lock_periods_by_id(period_ids: list[int]) -> list[BudgetPeriod]:
     )
 
 
+def _lock_periods_by_id(period_ids: list[int]) -> list[BudgetPeriod]:
+    if not period_ids:
+        return []
+    return _lock_periods(Q(pk__in=period_ids))
+
+
 def lock_current_periods(
     *, org_id: int, project_id: int | None, user_id: int | None, now: datetime | None = None
 ) -> list[BudgetPeriod]:
-    """Create (if missing) and lock the current period of every applicable budget, in lock order."""
-    now = now or db_now()
+    """Create (if missing) and lock the current period of every applicable budget, in lock order.
+
+    One read when no budget applies; otherwise an idempotent insert of the current periods and
+    one locking read of them.
+    """
     wanted: dict[int, tuple[datetime, datetime]] = {}
-    for budget in _applicable(org_id, project_id, user_id):
+    budgets = _applicable(org_id, project_id, user_id)
+    if not budgets:
+        return []
+    now = now or db_now()
+    for budget in budgets:
         bounds = period_bounds(period=budget.period, window_start=budget.window_start,
                                window_end=budget.window_end, now=now)
         if bounds is not None:
@@ -90,8 +102,7 @@ def lock_current_periods(
     match = Q()
     for budget_id, (starts, _ends) in wanted.items():
         match |= Q(budget_id=budget_id, starts_at=starts)
-    ids = list(BudgetPeriod.objects.filter(match).values_list("pk", flat=True))
-    return _lock_periods_by_id(ids)
+    return _lock_periods(match)
 
 
 def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
@@ -110,12 +121,22 @@ def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
 
 
 def precheck_budgets(
-    *, org: Organization, project: Project | None, user: Any, amount: int
+    *, org: Organization, project: Project | None, user: Any, amount: int, now: datetime | None = None
 ) -> tuple[list[BudgetPeriod], list[SoftAlert]]:
     """Lock and check every level before the ledger locks buckets (see module docstring)."""
     periods = lock_current_periods(org_id=org.pk, project_id=project.pk if project else None,
-                                   user_id=user.pk if user is not None else None)
+                                   user_id=user.pk if user is not None else None, now=now)
     return periods, check_periods(periods, amount)
+
+
+def _charge_fresh(periods: list[BudgetPeriod], hold: Hold, amount: int) -> list[BudgetCharge]:
+    """Count a hold that has no charges yet: two statements whatever the number of levels."""
+    if not periods:
+        return []
+    BudgetPeriod.objects.filter(pk__in=[p.pk for p in periods]).update(held=F("held") + amount)
+    return BudgetCharge.objects.bulk_create(
+        [BudgetCharge(period=period, hold=hold, held=amount) for period in periods]
+    )
 
 
 def _charge(periods: list[BudgetPeriod], hold: Hold, amount: int) -> list[BudgetCharge]:
@@ -139,7 +160,7 @@ def _alert(hold: Hold, alerts: list[SoftAlert], action: str) -> None:
                      "hold": hold.pk, "on": action})
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def reserve_budgets(
     *,
     hold: Hold,
@@ -148,18 +169,21 @@ def reserve_budgets(
     user: Any,
     amount: int,
     prechecked: tuple[list[BudgetPeriod], list[SoftAlert]] | None = None,
+    fresh: bool = False,
 ) -> list[BudgetCharge]:
     """Lock the applicable periods, check hard limits (soft: audit alert), count `amount` as held.
 
     `prechecked` is what `precheck_budgets` returned earlier in the same transaction (the rows
     are still locked), so they are not locked and checked twice. Idempotent per hold: a hold
-    that already has charges is returned unchanged.
+    that already has charges is returned unchanged. `fresh`: the caller created the hold in
+    this transaction (it cannot have charges), so that lookup is skipped.
     """
-    existing = list(BudgetCharge.objects.filter(hold=hold))
-    if existing:
-        return existing
+    if not fresh:
+        existing = list(BudgetCharge.objects.filter(hold=hold))
+        if existing:
+            return existing
     periods, alerts = prechecked or precheck_budgets(org=org, project=project, user=user, amount=amount)
-    charges = _charge(periods, hold, amount)
+    charges = _charge_fresh(periods, hold, amount) if fresh else _charge(periods, hold, amount)
     _alert(hold, alerts, "reserve")
     return charges
 

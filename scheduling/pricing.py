@@ -1,14 +1,29 @@
 """GPU-hour prices and the cost arithmetic (integers only: micro-credits, GPU-milliseconds).
 
 `cost(gpu_ms, rate) = ceil(gpu_ms * rate / 3_600_000)` — a rate is micro-credits per GPU-hour.
+
+The submission path reads the fleet catalog (GPU types, their price histories, priority classes,
+regions) from a per-process snapshot (`catalog()`), refreshed every `CATALOG_CACHE_SECONDS` and
+dropped at once when this process saves or deletes one of those rows. Other processes see a change
+within the TTL. The snapshot holds whole price histories, so "the price in effect at `at`" is still
+decided against the transaction's clock: a price scheduled for later takes effect exactly on time.
 """
 
+import bisect
+import threading
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+
+from accounts.models import Region
 from config.clock import db_now
 from config.errors import DomainError
-from scheduling.models import GpuPrice
+from scheduling.models import GpuPrice, GpuType, PriorityClass
 
 MS_PER_HOUR = 3_600_000
 
@@ -34,20 +49,115 @@ def cost(gpu_ms: int, rate: int) -> int:
     return -(-gpu_ms * rate // MS_PER_HOUR)
 
 
+# --- the catalog snapshot ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityInfo:
+    id: int
+    name: str
+    preemptible: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """What submissions validate and price against (plain data, no ORM)."""
+
+    memory_gb: dict[str, int]  # GPU type name -> memory per GPU
+    # GPU type name -> (effective_from ascending, prices in the same order)
+    prices: dict[str, tuple[tuple[datetime, ...], tuple[int, ...]]]
+    priority_classes: dict[str, PriorityInfo]
+    regions: frozenset[str]
+
+    def price_at(self, name: str, at: datetime) -> int | None:
+        history = self.prices.get(name)
+        if history is None:
+            return None
+        starts, values = history
+        index = bisect.bisect_right(starts, at) - 1
+        return values[index] if index >= 0 else None
+
+
+_lock = threading.Lock()
+_snapshot: tuple[float, Catalog] | None = None
+
+
+def _load() -> Catalog:
+    histories: dict[str, tuple[list[datetime], list[int]]] = {}
+    rows = GpuPrice.objects.order_by("effective_from", "id").values_list(
+        "gpu_type__name", "effective_from", "price_per_gpu_hour"
+    )
+    for name, starts, price in rows:
+        dates, values = histories.setdefault(name, ([], []))
+        if dates and dates[-1] == starts:  # same instant: the later row wins (as in SQL order)
+            values[-1] = price
+            continue
+        dates.append(starts)
+        values.append(price)
+    return Catalog(
+        memory_gb=dict(GpuType.objects.values_list("name", "memory_gb")),
+        prices={name: (tuple(d), tuple(v)) for name, (d, v) in histories.items()},
+        priority_classes={
+            name: PriorityInfo(pk, name, preemptible)
+            for pk, name, preemptible in PriorityClass.objects.values_list("pk", "name", "preemptible")
+        },
+        regions=frozenset(Region.objects.values_list("code", flat=True)),
+    )
+
+
+def catalog(*, fresh: bool = False) -> Catalog:
+    """The per-process catalog snapshot (reloaded after `CATALOG_CACHE_SECONDS`, or when `fresh`)."""
+    global _snapshot
+    ttl = float(getattr(settings, "CATALOG_CACHE_SECONDS", 10.0))
+    now = time.monotonic()
+    snapshot = _snapshot
+    if not fresh and ttl > 0 and snapshot is not None and now - snapshot[0] < ttl:
+        return snapshot[1]
+    loaded = _load()
+    with _lock:
+        _snapshot = (now, loaded)
+    return loaded
+
+
+def catalog_knowing(*, gpu_types: Iterable[str] = (), priority_class: str = "",
+                    regions: Iterable[str] = ()) -> Catalog:
+    """The snapshot, reloaded once if it does not know a name (a row created in another process
+    within the TTL is then seen at once; only truly unknown names cost the extra reads)."""
+    snap = catalog()
+    if (
+        any(name not in snap.memory_gb for name in gpu_types)
+        or (priority_class and priority_class not in snap.priority_classes)
+        or any(code not in snap.regions for code in regions)
+    ):
+        snap = catalog(fresh=True)
+    return snap
+
+
+def clear_catalog_cache(**_kwargs: Any) -> None:
+    global _snapshot
+    with _lock:
+        _snapshot = None
+
+
+for _model in (GpuType, GpuPrice, PriorityClass, Region):
+    post_save.connect(clear_catalog_cache, sender=_model, weak=False,
+                      dispatch_uid=f"catalog-save-{_model.__name__}")
+    post_delete.connect(clear_catalog_cache, sender=_model, weak=False,
+                        dispatch_uid=f"catalog-delete-{_model.__name__}")
+
+
+# --- prices --------------------------------------------------------------------------------------
+
+
 def current_prices(gpu_type_names: Iterable[str], at: datetime | None = None) -> dict[str, int]:
     """The price per GPU-hour in effect at `at` (DB clock by default) of each named type that has one."""
     names = sorted(set(gpu_type_names))
     if not names:
         return {}
     at = at or db_now()
-    # Oldest first, so the newest price in effect wins; portable (no DISTINCT ON) for embedded
-    # SQLite, and price histories are short.
-    rows = (
-        GpuPrice.objects.filter(gpu_type__name__in=names, effective_from__lte=at)
-        .order_by("effective_from", "id")
-        .values_list("gpu_type__name", "price_per_gpu_hour")
-    )
-    return dict(rows)
+    snap = catalog_knowing(gpu_types=names)
+    prices = {name: snap.price_at(name, at) for name in names}
+    return {name: price for name, price in prices.items() if price is not None}
 
 
 def current_price(gpu_type_name: str, at: datetime | None = None) -> int:

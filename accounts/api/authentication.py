@@ -3,12 +3,15 @@
 import hmac
 from typing import Any
 
+from django.contrib.auth.models import Group
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from accounts.keys import hash_key, parse_prefix
 from accounts.models import ApiKey
+from accounts.selectors import FINANCE_GROUP
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -25,7 +28,15 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         prefix = parse_prefix(raw)
         if prefix is None:
             raise exceptions.AuthenticationFailed("Malformed API key.")
-        key = ApiKey.objects.select_related("user").filter(prefix=prefix).first()
+        # The finance flag rides on the key lookup (one query; `is_finance` reads it from the user).
+        key = (
+            ApiKey.objects.select_related("user")
+            .annotate(user_in_finance=Exists(
+                Group.objects.filter(name=FINANCE_GROUP, user=OuterRef("user_id"))
+            ))
+            .filter(prefix=prefix)
+            .first()
+        )
         if key is None or not hmac.compare_digest(key.key_hash, hash_key(raw)):
             raise exceptions.AuthenticationFailed("Invalid API key.")
         now = timezone.now()
@@ -35,6 +46,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("API key expired.")
         if not key.user.is_active:
             raise exceptions.AuthenticationFailed("User inactive.")
+        key.user._gpubank_is_finance = bool(key.user.is_superuser or key.user_in_finance)
         return key.user, key
 
     def authenticate_header(self, request: Request) -> str:

@@ -87,10 +87,16 @@ def _claim(principal: str, key: str, fp: str) -> int | StoredResponse:
     ttl = int(settings.IDEMPOTENCY_KEY_TTL_SECONDS)
     wait_ms = int(settings.IDEMPOTENCY_LOCK_WAIT_MS)
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = {wait_ms}")
-        cursor.execute(_INSERT, [principal, key, fp, ttl])
+        # One round trip: bound the wait for a concurrent original, insert, unbound it again (the
+        # statements after the claim, e.g. bucket locks, must not inherit the short timeout).
+        # Parameters are bound client-side (Django's default psycopg cursor), so the three
+        # statements travel together; the INSERT's result is the second result set.
+        cursor.execute(
+            f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT",
+            [principal, key, fp, ttl],
+        )
+        cursor.nextset()
         row = cursor.fetchone()
-        cursor.execute("SET LOCAL lock_timeout = DEFAULT")
         if row is not None:
             return int(row[0])
     existing = (

@@ -10,7 +10,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.selectors import can_submit, get_visible_project, visible_projects
+from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit, inflight_slot
 from scheduling.api.serializers import (
@@ -71,7 +71,7 @@ class JobListCreateView(GenericAPIView):
         body = JobSubmitSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        project = get_visible_project(request.user, data["project"])
+        project = get_visible_project_for_submit(request.user, data["project"])
         enforce_org_limit(request, org_id=project.org_id, scope="jobs-submit")
         spec = JobSpec(
             name=data["name"], gpu_types=tuple(data["gpu_types"]), gpu_count=data["gpu_count"],

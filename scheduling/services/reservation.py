@@ -1,13 +1,16 @@
 """Pricing and placing a job's hold: budgets at every level, then the funds (DESIGN.md §4-§6)."""
 
+from datetime import datetime
+
 from django.db import transaction
 
 from budgets.services import precheck_budgets, reserve_budgets
+from config.clock import db_now
 from config.errors import DomainError
 from ledger.models import Hold
 from ledger.services import place_hold
-from scheduling.models import GpuType, Job
-from scheduling.pricing import hold_amount
+from scheduling.models import Job
+from scheduling.pricing import Catalog, catalog_knowing, hold_amount
 
 
 class NoEligibleGpuType(DomainError):
@@ -18,16 +21,21 @@ class NoEligibleGpuType(DomainError):
     title = "No acceptable GPU type"
 
 
-def eligible_gpu_types(job: Job) -> list[str]:
-    """The job's acceptable types (in preference order) whose memory meets its floor."""
-    memory = dict(GpuType.objects.filter(name__in=job.gpu_types).values_list("name", "memory_gb"))
-    eligible = [name for name in job.gpu_types if memory.get(name, -1) >= job.gpu_memory_gb]
+def eligible_types(gpu_types: list[str], gpu_memory_gb: int, snap: Catalog | None = None) -> list[str]:
+    """The acceptable types (in preference order) whose memory meets the per-GPU floor."""
+    memory = (snap or catalog_knowing(gpu_types=gpu_types)).memory_gb
+    eligible = [name for name in gpu_types if memory.get(name, -1) >= gpu_memory_gb]
     if not eligible:
         raise NoEligibleGpuType(
-            f"No GPU type in {job.gpu_types} has {job.gpu_memory_gb} GB per GPU.",
+            f"No GPU type in {gpu_types} has {gpu_memory_gb} GB per GPU.",
             errors={"gpu_memory_gb": ["No acceptable GPU type has this much memory per GPU."]},
         )
     return eligible
+
+
+def eligible_gpu_types(job: Job) -> list[str]:
+    """The job's acceptable types (in preference order) whose memory meets its floor."""
+    return eligible_types(list(job.gpu_types), job.gpu_memory_gb)
 
 
 def hold_seconds(job: Job) -> int:
@@ -36,13 +44,34 @@ def hold_seconds(job: Job) -> int:
     return min(job.max_wall_seconds, window) if window else job.max_wall_seconds
 
 
-def price_job_hold(job: Job, gpu_types: list[str] | None = None) -> int:
+def price_job_hold(job: Job, gpu_types: list[str] | None = None, at: datetime | None = None) -> int:
     return hold_amount(
-        gpu_types=gpu_types or eligible_gpu_types(job), gpu_count=job.gpu_count, seconds=hold_seconds(job)
+        gpu_types=gpu_types or eligible_gpu_types(job), gpu_count=job.gpu_count,
+        seconds=hold_seconds(job), at=at,
     )
 
 
-@transaction.atomic
+def place_job_hold(
+    *, job: Job, key: str, types: list[str], amount: int, now: datetime, fresh: bool = False
+) -> Hold:
+    """Lock and check every budget level, hold the funds, count the hold in the budgets.
+
+    `fresh`: the hold cannot exist yet (its job was inserted by this same transaction), so the
+    budget charges need no replay lookup. Lock order: the caller holds the job; budget periods
+    (org, project, member) are locked here before `place_hold` locks buckets. Raises
+    BudgetExceeded or InsufficientCredits.
+    """
+    prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount, now=now)
+    hold = place_hold(
+        org=job.org, amount=amount, key=key, project=job.project, user=job.user,
+        gpu_types=types, reference=f"job:{job.pk}", actor=job.user,
+    )
+    reserve_budgets(hold=hold, org=job.org, project=job.project, user=job.user, amount=amount,
+                    prechecked=prechecked, fresh=fresh)
+    return hold
+
+
+@transaction.atomic(savepoint=False)
 def reserve_job_hold(*, job: Job, key: str) -> Hold:
     """Price the job's hold, check every budget level, then hold the funds; idempotent by key.
 
@@ -52,13 +81,7 @@ def reserve_job_hold(*, job: Job, key: str) -> Hold:
     existing = Hold.objects.filter(org_id=job.org_id, key=key).first()
     if existing is not None:
         return existing
+    now = db_now()
     types = eligible_gpu_types(job)
-    amount = price_job_hold(job, types)
-    prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount)
-    hold = place_hold(
-        org=job.org, amount=amount, key=key, project=job.project, user=job.user,
-        gpu_types=types, reference=f"job:{job.pk}", actor=job.user,
-    )
-    reserve_budgets(hold=hold, org=job.org, project=job.project, user=job.user, amount=amount,
-                    prechecked=prechecked)
-    return hold
+    amount = price_job_hold(job, types, at=now)
+    return place_job_hold(job=job, key=key, types=types, amount=amount, now=now)

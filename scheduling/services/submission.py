@@ -6,13 +6,14 @@ from typing import Any
 
 from django.db import transaction
 
-from accounts.models import Project, Region
+from accounts.models import Project
 from accounts.selectors import can_submit
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
-from scheduling.models import GpuType, Job, JobState, PriorityClass
-from scheduling.services.reservation import reserve_job_hold
+from scheduling.models import Job, JobAttempt, JobState, PriorityClass
+from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
+from scheduling.services.reservation import eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +50,16 @@ class JobSpec:
     regions: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _validate(spec: JobSpec) -> tuple[PriorityClass, bool]:
+def _validate(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
+    """Check names against the catalog snapshot (no queries unless a name is new to it)."""
     errors: dict[str, list[str]] = {}
-    known = set(GpuType.objects.filter(name__in=spec.gpu_types).values_list("name", flat=True))
-    if unknown := [name for name in spec.gpu_types if name not in known]:
+    if unknown := [name for name in spec.gpu_types if name not in snap.memory_gb]:
         errors["gpu_types"] = [f"Unknown GPU type {name!r}." for name in unknown]
     if len(set(spec.gpu_types)) != len(spec.gpu_types):
         errors.setdefault("gpu_types", []).append("GPU types must not repeat.")
-    if spec.regions:
-        codes = set(Region.objects.filter(code__in=spec.regions).values_list("code", flat=True))
-        if missing := [code for code in spec.regions if code not in codes]:
-            errors["regions"] = [f"Unknown region {code!r}." for code in missing]
-    cls = PriorityClass.objects.filter(name=spec.priority_class).first()
+    if missing := [code for code in spec.regions if code not in snap.regions]:
+        errors["regions"] = [f"Unknown region {code!r}." for code in missing]
+    cls = snap.priority_classes.get(spec.priority_class)
     preemptible = True
     if cls is None:
         errors["priority_class"] = [f"Unknown priority class {spec.priority_class!r}."]
@@ -91,28 +90,42 @@ def _schedule_soon() -> None:
         logger.warning("schedule_soon trigger failed", exc_info=True)
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def submit_job(*, user: Any, project: Project, spec: JobSpec, idempotency_key: str) -> Job:
     """Validate, create the job `queued`, price and place its hold (budgets + funds), audit.
 
     The API makes this exactly-once per (caller, Idempotency-Key) by committing its idempotency
     record in this same transaction; the key is also kept on the audit event.
     Raises SubmissionInvalid, SubmissionForbidden, BudgetExceeded or InsufficientCredits.
+
+    Everything that touches no shared row (checks, pricing, the job insert) comes before the
+    budget and bucket locks, so an organization's hot rows stay locked only for the ledger's
+    writes, the job's hold pointer, the audit append and the commit.
     """
     if not can_submit(user, project):
         raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
-    cls, preemptible = _validate(spec)
-    job = Job.objects.create(
+    snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
+                           regions=spec.regions)
+    cls, preemptible = _validate(spec, snap)
+    types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
+    now = db_now()
+    job = Job(
         org_id=project.org_id, project=project, user=user, name=spec.name,
         gpu_types=list(spec.gpu_types), gpu_count=spec.gpu_count, gpu_memory_gb=spec.gpu_memory_gb,
-        max_wall_seconds=spec.max_wall_seconds, priority_class=cls, preemptible=preemptible,
-        command=spec.command, regions=list(spec.regions), state=JobState.QUEUED,
-        submitted_at=db_now(),
+        max_wall_seconds=spec.max_wall_seconds, priority_class_id=cls.id, preemptible=preemptible,
+        command=spec.command, regions=list(spec.regions), state=JobState.QUEUED, submitted_at=now,
     )
     job.org = project.org
-    hold = reserve_job_hold(job=job, key=f"job:{job.pk}:submit")
-    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)
-    job.current_hold, job.estimate = hold, hold.authorized
+    seconds = hold_seconds(job)
+    job.estimate = amount = hold_amount(gpu_types=types, gpu_count=spec.gpu_count, seconds=seconds, at=now)
+    job.save(force_insert=True)
+    # The serializer needs the class's name, and a new job has no attempts: no reads for them.
+    job.priority_class = PriorityClass(id=cls.id, name=cls.name, preemptible=cls.preemptible)
+    job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+    hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
+                          fresh=True)
+    Job.objects.filter(pk=job.pk).update(current_hold=hold)
+    job.current_hold = hold
     record(
         action="sched.job.submit", subject_type="job", subject_id=job.pk, org_id=job.org_id,
         actor_type="user", actor_id=str(user.pk), amount=hold.authorized, reason_code="submitted",
