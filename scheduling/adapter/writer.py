@@ -231,7 +231,7 @@ def _preempt(loaded: Loaded, preempts: list[core.Preempt], applied: Applied,
 
 
 def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list[NewEvent]) -> None:
-    changed: list[Job] = []
+    changed: list[tuple[int, str, str]] = []  # (job id, reason, detail): no model instances for 10k rows
     for skip in skips:
         row = loaded.pending.get(skip.job_id)
         if row is None:
@@ -239,7 +239,7 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
         detail = skip.detail[:255]
         if (row.wait_reason, row.wait_detail) == (skip.reason_code, detail):
             continue
-        changed.append(Job(pk=skip.job_id, wait_reason=skip.reason_code, wait_detail=detail))
+        changed.append((skip.job_id, skip.reason_code, detail))
         if row.wait_reason != skip.reason_code:
             events.append(_event(
                 action="sched.skip", subject_type="job", subject_id=skip.job_id, org_id=row.org_id,
@@ -250,12 +250,13 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
     applied.reasons_changed = len(changed)
 
 
-def _write_wait_reasons(changed: list[Job]) -> None:
+def _write_wait_reasons(changed: list[tuple[int, str, str]]) -> None:
     """One UPDATE for all changed wait reasons; only jobs still queued (a cancelled one keeps its
     cleared reason). PostgreSQL joins arrays (bulk_update's CASE is quadratic at this size)."""
     if connection.vendor != "postgresql":
         Job.objects.filter(state=JobState.QUEUED).bulk_update(
-            changed, ["wait_reason", "wait_detail"], batch_size=500
+            [Job(pk=i, wait_reason=r, wait_detail=d) for i, r, d in changed],
+            ["wait_reason", "wait_detail"], batch_size=500,
         )
         return
     table = Job._meta.db_table
@@ -265,7 +266,7 @@ def _write_wait_reasons(changed: list[Job]) -> None:
             "FROM json_to_recordset(%s::json) AS v(id bigint, reason text, detail text) "
             "WHERE j.id = v.id AND j.state = %s",
             # One JSON parameter: quoting 10k-element arrays client-side costs more than the UPDATE.
-            [json.dumps([{"id": j.pk, "reason": j.wait_reason, "detail": j.wait_detail} for j in changed]),
+            [json.dumps([{"id": i, "reason": r, "detail": d} for i, r, d in changed]),
              JobState.QUEUED],
         )
 
