@@ -160,6 +160,7 @@ def test_drill5_out_of_credit_mid_run_with_concurrent_submissions_never_overspen
     assert totals["a"] + totals["h"] + totals["s"] + totals["e"] == granted
     active = Hold.objects.filter(org=world.org, state=HoldState.ACTIVE).aggregate(t=Sum("authorized"))["t"]
     assert (active or 0) + totals["s"] + totals["a"] == granted
-    # Renewed in whole windows only (a window's cost includes the 1% metering tolerance).
-    assert hold.authorized > window and (hold.authorized - window) % (window * 101 // 100) == 0
+    # Renewed in whole windows only, zero or more times depending on who won the race for the
+    # credits (a window's cost includes the 1% metering tolerance).
+    assert (hold.authorized - window) % (window * 101 // 100) == 0
     assert verify_ledger() == []

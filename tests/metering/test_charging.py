@@ -1,0 +1,68 @@
+"""charge_progress: incremental captures keyed by total, window-by-window extension, out_of_credit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ledger.models import MICRO, Hold
+from metering.charging import Action
+from metering.heartbeats import HeartbeatItem
+from metering.services import charge_progress, ingest_heartbeats, report_started
+from scheduling.models import AttemptState, Job, JobAttempt
+from tests.metering.conftest import World, mark_node_alive, place_pending, shift_started
+
+WINDOW = 2 * 600 * 1000  # 2 GPUs x 10 min at 1 micro-credit per GPU-ms
+
+
+def running(world: World, submit: Callable[..., Job]) -> JobAttempt:
+    world.org.hold_window_seconds = 600
+    world.org.save(update_fields=["hold_window_seconds"])
+    mark_node_alive(world.node)
+    submit(gpus=2, max_wall_seconds=36_000)
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, 36_000)
+    return attempt
+
+
+def test_progress_captures_are_incremental_and_never_repeat(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    funded(100 * MICRO)
+    attempt = running(world, submit)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 100_000)])
+    assert charge_progress(attempt=attempt).captured == 100_000
+    assert charge_progress(attempt=attempt).captured == 0  # nothing new: nothing captured
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 250_001)])
+    assert charge_progress(attempt=attempt).captured == 150_001
+    assert Hold.objects.get(pk=attempt.hold_id).captured == 250_001
+
+
+def test_hold_is_extended_by_one_window_when_funds_allow(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    funded(100 * MICRO)
+    attempt = running(world, submit)
+    assert Hold.objects.get(pk=attempt.hold_id).authorized == WINDOW
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, WINDOW - 100_000)])
+    result = charge_progress(attempt=attempt)
+    assert result.actions == (Action.CAPTURED, Action.EXTENDED)
+    assert result.extended == WINDOW * 101 // 100
+    assert Hold.objects.get(pk=attempt.hold_id).authorized == WINDOW + WINDOW * 101 // 100
+    assert charge_progress(attempt=attempt).actions == ()  # enough headroom now: idempotent
+
+
+def test_unfundable_window_stops_the_attempt_out_of_credit(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    funded(WINDOW + 500_000)  # the first window, and less than a second one
+    attempt = running(world, submit)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, WINDOW - 100_000)])
+    result = charge_progress(attempt=attempt)
+    assert result.actions == (Action.CAPTURED, Action.STOPPED)
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.stop_reason) == (AttemptState.STOPPING, "out_of_credit")
+    # The stop reaches the agent in the next heartbeat response.
+    stop = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, WINDOW - 90_000)]).stop
+    assert stop == [{"attempt_id": attempt.pk, "reason": "out_of_credit", "grace_seconds": 30}]
