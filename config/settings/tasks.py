@@ -9,13 +9,14 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": 3600}
 else:
     _queue = BASE_DIR / "var" / "celery"
-    for _folder in ("out", "processed"):
+    for _folder in ("out", "processed", "control"):
         (_queue / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue / "out"),
         "data_folder_out": str(_queue / "out"),
         "processed_folder": str(_queue / "processed"),
+        "control_folder": str(_queue / "control"),
         "store_processed": False,
     }
 
