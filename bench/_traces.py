@@ -188,7 +188,9 @@ ALIBABA_MEMORY = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "A10": 24,
 ALIBABA_PRICE = {"T4": 350_000, "P100": 800_000, "V100M16": 1_200_000, "V100M32": 1_400_000}
 
 
-def load_alibaba(*, limit: int | None = None, seed: int = 0, tenants: int = 10) -> Trace:
+def load_alibaba(
+    *, limit: int | None = None, seed: int = 0, tenants: int = 10, load: float | None = 0.8
+) -> Trace:
     root = TRACES / "alibaba-openb"
     with (root / "openb_node_list_gpu_node.csv").open() as fh:
         node_rows = list(csv.DictReader(fh))
@@ -196,23 +198,6 @@ def load_alibaba(*, limit: int | None = None, seed: int = 0, tenants: int = 10) 
         pod_rows = list(csv.DictReader(fh))
     models = sorted({r["model"] for r in node_rows})
     gpu_types = {m: GpuType(m, ALIBABA_MEMORY.get(m, 16), ALIBABA_PRICE.get(m, 1_000_000)) for m in models}
-    nodes: list[Node] = []
-    per_model: dict[str, int] = {}
-    for r in node_rows:
-        k = per_model.get(r["model"], 0)
-        per_model[r["model"]] = k + 1
-        count = int(r["gpu"])
-        nodes.append(
-            Node(
-                id=len(nodes),
-                gpu_type=r["model"],
-                gpu_count=count,
-                free_gpu_indices=frozenset(range(count)),
-                region="r0",
-                nvlink_domain=r["sn"],
-                ib_group=f"{r['model']}-ib{k // 8}",
-            )
-        )
     rng = random.Random(seed)
     pods = []
     skipped = 0
@@ -242,9 +227,48 @@ def load_alibaba(*, limit: int | None = None, seed: int = 0, tenants: int = 10) 
                 wall_factor=rng.uniform(1.0, 3.0),
             )
         )
+    # The listed fleet (6,212 GPUs) is ~300x what these pods need on average, so nothing would ever
+    # queue. With `load`, keep each model's share of the listed nodes (at least one node per model,
+    # biggest nodes first) scaled so the offered load is `load` of capacity; None keeps all nodes.
+    first = min(j.arrival for j in jobs)
+    last = max(j.arrival for j in jobs)
+    offered = sum(
+        j.gpu_count * max(0.0, min(last, j.arrival + min(j.duration.values())) - j.arrival) for j in jobs
+    )
+    offered /= last - first or 1.0
+    listed = sum(int(r["gpu"]) for r in node_rows)
+    keep_share = 1.0 if load is None else min(1.0, offered / load / listed)
+    by_model: dict[str, list[dict[str, str]]] = {}
+    for r in node_rows:
+        by_model.setdefault(r["model"], []).append(r)
+    nodes: list[Node] = []
+    for model in models:
+        rows = sorted(by_model[model], key=lambda r: (-int(r["gpu"]), r["sn"]))
+        gpus_wanted = keep_share * sum(int(r["gpu"]) for r in rows)
+        kept, have = [], 0
+        for r in rows:
+            if kept and have >= gpus_wanted:
+                break
+            kept.append(r)
+            have += int(r["gpu"])
+        for k, r in enumerate(kept):
+            count = int(r["gpu"])
+            nodes.append(
+                Node(
+                    id=len(nodes),
+                    gpu_type=model,
+                    gpu_count=count,
+                    free_gpu_indices=frozenset(range(count)),
+                    region="r0",
+                    nvlink_domain=r["sn"],
+                    ib_group=f"{model}-ib{k // 8}",
+                )
+            )
     notes = [
+        f"alibaba: offered load {offered:.1f} GPUs busy on average; fleet scaled to "
+        f"{sum(n.gpu_count for n in nodes)} GPUs on {len(nodes)} nodes (target load {load})",
         f"alibaba: {len(jobs)} GPU pods ({skipped} skipped: no GPU or never scheduled), "
-        f"{len(nodes)} nodes / {sum(n.gpu_count for n in nodes)} GPUs from the node list",
+        f"node list has {len(node_rows)} nodes / {listed} GPUs",
         "tenant = crc32(pod name) % 10; gpu_milli < 1000 treated as 1 whole GPU; same speed on all models",
         "runtime = deletion_time - scheduled_time; G2/G3 memory assumed 24/32 GB",
     ]

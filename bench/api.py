@@ -98,7 +98,40 @@ def body(project_id: int) -> dict:
     }
 
 
-def http_run(port: int, targets: list[tuple[int, str]], requests: int, clients: int) -> dict:
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (and its reaped children), from /proc (Linux only)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(master: int) -> tuple[list[int], list[int]]:
+    """gunicorn's worker processes, and the PostgreSQL backends connected to the bench database."""
+    workers = []
+    for task in Path(f"/proc/{master}/task").iterdir():
+        workers += [int(p) for p in (task / "children").read_text().split()]
+    out = subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-Atc",
+            f"SELECT pid FROM pg_stat_activity WHERE datname = '{DB}'",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return workers, [int(p) for p in out]
+
+
+def http_run(
+    port: int, targets: list[tuple[int, str]], requests: int, clients: int, master: int | None = None
+) -> dict:
     latencies: list[float] = []
     lock = threading.Lock()
     codes: dict[int, int] = {}
@@ -119,16 +152,23 @@ def http_run(port: int, targets: list[tuple[int, str]], requests: int, clients: 
             latencies.append(elapsed)
             codes[r.status_code] = codes.get(r.status_code, 0) + 1
 
+    web, db = server_pids(master) if master else ([], [])
+    web_before = sum(_cpu_seconds(pid) for pid in web)
+    db_before = sum(_cpu_seconds(pid) for pid in db)
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(one, range(requests)))
     wall = time.perf_counter() - start
+    web_cpu = sum(_cpu_seconds(pid) for pid in web) - web_before
+    db_cpu = sum(_cpu_seconds(pid) for pid in db) - db_before
     latencies.sort()
     return {
         "rate": requests / wall,
         "p50": statistics.median(latencies) * 1000,
         "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
         "codes": codes,
+        "web_ms": web_cpu / requests * 1000,
+        "db_ms": db_cpu / requests * 1000,
     }
 
 
@@ -161,6 +201,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (gthread)")
     args = parser.parse_args()
     setup_database()
     targets, user = seed(101)
@@ -179,7 +220,7 @@ def main() -> None:
             "--worker-class",
             "gthread",
             "--threads",
-            "4",
+            str(args.threads),
             "--log-level",
             "warning",
         ],
@@ -196,8 +237,8 @@ def main() -> None:
         http_run(port, hot, 100, args.clients)  # warm up connections and workers
         direct = direct_run(hot[0][0], user, args.requests // 4)
         results = {
-            "hot org": http_run(port, hot, args.requests, args.clients),
-            "100 orgs": http_run(port, spread, args.requests, args.clients),
+            "hot org": http_run(port, hot, args.requests, args.clients, server.pid),
+            "100 orgs": http_run(port, spread, args.requests, args.clients, server.pid),
         }
     finally:
         server.terminate()
@@ -208,9 +249,11 @@ def main() -> None:
     )
     for name, r in results.items():
         print(
-            f"HTTP {name} ({args.clients} clients, {args.workers} gunicorn workers): {r['rate']:.0f}/s "
+            f"HTTP {name} ({args.clients} clients, gunicorn {args.workers}x{args.threads} gthread): "
+            f"{r['rate']:.0f}/s "
             f"p50 {r['p50']:.1f} ms p99 {r['p99']:.1f} ms codes {r['codes']} "
-            f"ratio to direct {r['rate'] / direct['rate']:.2f}"
+            f"ratio to direct {r['rate'] / direct['rate']:.2f} "
+            f"CPU per request: gunicorn {r['web_ms']:.1f} ms, PostgreSQL {r['db_ms']:.1f} ms"
         )
 
 

@@ -316,8 +316,9 @@ def main() -> None:
     ap.add_argument("--trace", choices=("philly", "alibaba"), required=True)
     ap.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
     ap.add_argument("--vcs", default=None, help="philly: comma-separated VC names (default all 15)")
-    ap.add_argument("--load", type=float, default=0.8, help="philly: offered load used to size the fleet")
+    ap.add_argument("--load", type=float, default=0.8, help="offered load used to size the fleet")
     ap.add_argument("--gpus-per-type", type=int, default=None, help="philly: override the fleet size")
+    ap.add_argument("--full-fleet", action="store_true", help="alibaba: all listed nodes (no contention)")
     ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument(
@@ -336,7 +337,7 @@ def main() -> None:
             gpus_per_type=args.gpus_per_type,
         )
     else:
-        trace = load_alibaba(limit=args.limit)
+        trace = load_alibaba(limit=args.limit, load=None if args.full_fleet else args.load)
     for note in trace.notes:
         print("#", note)
     wanted = args.policies.split(",")
