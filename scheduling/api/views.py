@@ -14,6 +14,7 @@ from accounts.selectors import can_submit, get_visible_project_for_submit, visib
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit, inflight_slot
 from scheduling.api.serializers import (
+    HoldSummarySerializer,
     JobDetailSerializer,
     JobListQuerySerializer,
     JobSerializer,
@@ -80,9 +81,18 @@ class JobListCreateView(GenericAPIView):
             command=data["command"], regions=tuple(data["regions"]),
         )
 
+        body: dict[str, Any] = {}
+
+        def render(job: Job) -> None:
+            # Rendered before the org's budget and bucket rows are locked; only the hold's
+            # summary is added once it exists (nothing else about the job changes after this).
+            body.update(JobDetailSerializer(job).data)
+
         def effect() -> tuple[int, Any]:
-            job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key)
-            return 201, JobDetailSerializer(job).data
+            job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key,
+                             on_inserted=render)
+            body["hold"] = HoldSummarySerializer(job.current_hold).data
+            return 201, body
 
         with inflight_slot(org_id=project.org_id, cap=project.org.max_inflight_submissions):
             return run_idempotent(request, effect)

@@ -1,6 +1,7 @@
 """Job submission: validate, create the job `queued`, reserve its hold — one transaction."""
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,14 @@ def _schedule_soon() -> None:
 
 
 @transaction.atomic(savepoint=False)
-def submit_job(*, user: Any, project: Project, spec: JobSpec, idempotency_key: str) -> Job:
+def submit_job(
+    *,
+    user: Any,
+    project: Project,
+    spec: JobSpec,
+    idempotency_key: str,
+    on_inserted: Callable[[Job], None] | None = None,
+) -> Job:
     """Validate, create the job `queued`, price and place its hold (budgets + funds), audit.
 
     The API makes this exactly-once per (caller, Idempotency-Key) by committing its idempotency
@@ -100,7 +108,8 @@ def submit_job(*, user: Any, project: Project, spec: JobSpec, idempotency_key: s
 
     Everything that touches no shared row (checks, pricing, the job insert) comes before the
     budget and bucket locks, so an organization's hot rows stay locked only for the ledger's
-    writes, the job's hold pointer, the audit append and the commit.
+    writes, the job's hold pointer, the audit append and the commit. `on_inserted(job)` runs at
+    that point too (the API renders the response body there, all but the hold).
     """
     if not can_submit(user, project):
         raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
@@ -122,6 +131,8 @@ def submit_job(*, user: Any, project: Project, spec: JobSpec, idempotency_key: s
     # The serializer needs the class's name, and a new job has no attempts: no reads for them.
     job.priority_class = PriorityClass(id=cls.id, name=cls.name, preemptible=cls.preemptible)
     job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+    if on_inserted is not None:
+        on_inserted(job)
     hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
                           fresh=True)
     Job.objects.filter(pk=job.pk).update(current_hold=hold)
