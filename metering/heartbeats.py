@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from django.db import connection
+from django.db import connection, transaction
 
+from config.clock import db_now
 from metering import conf
 from metering.models import AttemptUsage
 from scheduling.models import Allocation, AttemptState, JobAttempt, Node, NodeState
@@ -147,6 +148,10 @@ def apply_usage(
 ) -> tuple[list[int], list[dict[str, object]]]:
     """Apply a batch in ONE statement; returns (accepted attempt ids, this node's stop requests)."""
     merged = merge(items)
+    if connection.vendor != "postgresql":
+        return _apply_usage_portable(
+            node_id=node_id, items=merged, touch_node=touch_node, with_stops=with_stops
+        )
     params = {
         "ids": [it.attempt_id for it in merged],
         "seqs": [it.seq for it in merged],
@@ -244,3 +249,48 @@ def ingest_heartbeats(*, node: Node, items: Sequence[HeartbeatItem]) -> IngestRe
     if missing:
         stops = stops_for_node(node_id=node.pk, ended_ids=missing)
     return IngestResult(accepted=accepted, rejected=missing, stop=stops)
+
+
+def _apply_usage_portable(
+    *, node_id: int, items: Sequence[HeartbeatItem], touch_node: bool, with_stops: bool
+) -> tuple[list[int], list[dict[str, object]]]:
+    """The same rules as HOT_SQL, row by row, for the embedded SQLite mode (one writer at a time,
+    so the per-row ORM writes cannot race; PostgreSQL always takes the one-statement path)."""
+    ratio = float(conf.value("METERING_CAP_TOLERANCE_RATIO"))
+    slack = int(conf.seconds("METERING_CAP_SLACK_MS_PER_GPU"))
+    accepted: list[int] = []
+    with transaction.atomic():
+        now = db_now()
+        if touch_node:
+            Node.objects.filter(pk=node_id).update(last_heartbeat_at=now)
+            Node.objects.filter(pk=node_id, state__in=(NodeState.UNKNOWN, NodeState.DOWN)).update(
+                state=NodeState.READY
+            )
+        live = {
+            attempt.pk: attempt
+            for attempt in JobAttempt.objects.filter(
+                pk__in=[it.attempt_id for it in items],
+                state__in=(AttemptState.RUNNING, AttemptState.STOPPING),
+                started_at__isnull=False,
+                allocations__node_id=node_id,
+                allocations__released_at__isnull=True,
+            ).distinct()
+        }
+        usages = AttemptUsage.objects.filter(attempt_id__in=list(live), settled_at__isnull=True)
+        for usage in usages:
+            item = next(it for it in items if it.attempt_id == usage.attempt_id)
+            attempt = live[usage.attempt_id]
+            elapsed_ms = max(0.0, (now - attempt.started_at).total_seconds() * 1000.0)
+            cap = int(elapsed_ms * attempt.gpu_count * (1.0 + ratio)) + slack * attempt.gpu_count
+            reported = max(usage.reported_gpu_ms, item.cumulative_gpu_ms)
+            usage.billable_gpu_ms = max(usage.billable_gpu_ms, min(reported, cap))
+            usage.reported_gpu_ms = reported
+            if item.seq > usage.last_seq:
+                usage.gpu_utilization = item.gpu_utilization
+                usage.memory_used_mb = item.memory_used_mb
+            usage.last_seq = max(usage.last_seq, item.seq)
+            usage.last_heartbeat_at = now
+            usage.save()
+            accepted.append(usage.attempt_id)
+    stops = stops_for_node(node_id=node_id) if with_stops else []
+    return sorted(accepted), stops

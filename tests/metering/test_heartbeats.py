@@ -102,3 +102,35 @@ def test_stop_requests_ride_on_the_response(
     result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 100)])
     assert result.accepted == [a.pk]
     assert result.stop == [{"attempt_id": a.pk, "reason": "preempted", "grace_seconds": 15}]
+
+
+def test_portable_path_bills_exactly_like_the_one_statement_path(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """The embedded (SQLite) mode applies heartbeats row by row; same inputs, same usage rows."""
+    from metering.heartbeats import _apply_usage_portable, apply_usage
+
+    funded()
+    fast = [make_attempt(gpus=(0, 1), started_ago=10), make_attempt(gpus=(2,), started_ago=10)]
+    slow = [make_attempt(gpus=(3, 4), started_ago=10), make_attempt(gpus=(5,), started_ago=10)]
+    batches = [
+        [(0, 2, 8_000, 40.0, 10), (1, 1, 3_000, 20.0, 5)],
+        [(0, 1, 4_000, 99.0, 99), (1, 3, 10**9, 70.0, 7)],  # late seq; a lying agent
+        [(0, 2, 8_000, 40.0, 10)],  # duplicate
+    ]
+    for batch in batches:
+        apply_usage(node_id=world.node.pk, items=[HeartbeatItem(fast[i].pk, *rest) for i, *rest in batch])
+        _apply_usage_portable(
+            node_id=world.node.pk,
+            items=[HeartbeatItem(slow[i].pk, *rest) for i, *rest in batch],
+            touch_node=True,
+            with_stops=False,
+        )
+    for a, b in zip(fast, slow, strict=True):
+        ua, ub = usage(a), usage(b)
+        assert (ua.last_seq, ua.reported_gpu_ms, ua.gpu_utilization, ua.memory_used_mb) == (
+            ub.last_seq, ub.reported_gpu_ms, ub.gpu_utilization, ub.memory_used_mb
+        )
+        # The cap depends on the DB clock at each call: equal up to the test's own duration.
+        assert abs(ua.billable_gpu_ms - ub.billable_gpu_ms) < 500
+    assert usage(fast[1]).billable_gpu_ms < 20_000  # capped: 10 s x 1 GPU x 1.01 + 5 s slack
