@@ -1,6 +1,6 @@
 """Submissions per second over HTTP vs. calling `submit_job` directly, in the same run.
 
-Run: `.venv/bin/python bench/api.py [--requests 2000] [--clients 16] [--workers 4]`
+Run: `.venv/bin/python bench/api.py [--requests 2000] [--clients 16] [--workers 3] [--threads 4]`
 Needs PostgreSQL and Redis on localhost. Creates (and drops) the database `gpubank_bench_api`,
 starts gunicorn on a free loopback port (production settings: PostgreSQL, Redis, DEBUG off),
 submits from 16 concurrent HTTP clients — one hot org, then spread over 100 orgs — and prints
@@ -200,7 +200,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn processes (~1.5x the cores)")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (gthread)")
     args = parser.parse_args()
     setup_database()

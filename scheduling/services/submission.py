@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from accounts.models import Project
 from accounts.selectors import can_submit
@@ -17,6 +17,7 @@ from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amou
 from scheduling.services.reservation import eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)
+_CURRENT_HOLD = Job._meta.get_field("current_hold").column
 
 
 class SubmissionInvalid(DomainError):
@@ -135,7 +136,9 @@ def submit_job(
         on_inserted(job)
     hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
                           fresh=True)
-    Job.objects.filter(pk=job.pk).update(current_hold=hold)
+    with connection.cursor() as cursor:  # plain SQL: this runs while the org's rows are locked
+        cursor.execute(f'UPDATE {Job._meta.db_table} SET "{_CURRENT_HOLD}" = %s WHERE id = %s',  # noqa: S608
+                       [hold.pk, job.pk])
     job.current_hold = hold
     record(
         action="sched.job.submit", subject_type="job", subject_id=job.pk, org_id=job.org_id,
