@@ -132,13 +132,18 @@ class Sim:
                     else:
                         pending[jid] = self._pending(job, job.arrival, remaining[jid])
             # Fair-share usage accrues for running jobs up to now (GPU-seconds, decayed).
-            if now > last_accrual:
+            if now > last_accrual and cfg.policy == "fair":  # only the fair policy reads usage
+                acc: dict[tuple[int, ...] | tuple[str, int] | tuple[str, int, int], float] = defaultdict(
+                    float
+                )
                 for att in running.values():
                     r = att.running
                     gs = (now - max(last_accrual, att.start)) * r.gpu_count
-                    usage.add(("o", r.org_id), gs, now)
-                    usage.add(("p", r.project_id), gs, now)
-                    usage.add(("u", r.project_id, r.user_id), gs, now)
+                    acc[("o", r.org_id)] += gs
+                    acc[("p", r.project_id)] += gs
+                    acc[("u", r.project_id, r.user_id)] += gs
+                for key, gs in acc.items():
+                    usage.add(key, gs, now)
                 last_accrual = now
             if not pending:
                 continue

@@ -110,10 +110,11 @@ class RunningJob:
     preemption_requested_at: float | None = None
     submitted_at: float | None = None
     """Original submission time; a preempted job re-queues with it (defaults to `started_at`)."""
+    gpu_count: int = field(init=False, repr=False, compare=False)
+    """Derived from `allocations` once: it is read in every pass for every running job."""
 
-    @property
-    def gpu_count(self) -> int:
-        return sum(len(idx) for _, idx in self.allocations)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_count", sum(len(idx) for _, idx in self.allocations))
 
 
 @dataclass(frozen=True, slots=True)

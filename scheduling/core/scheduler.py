@@ -22,6 +22,7 @@ from scheduling.core.preemption import VictimIndex
 # Unknown class names rank below every configured class and cannot preempt.
 _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
 FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
+_NONE: frozenset[int] = frozenset()
 
 
 def schedule(snapshot: Snapshot) -> Result:
@@ -107,6 +108,8 @@ class _Pass:
 
     def quota_ok(self, job: PendingJob, gpu_type: str) -> bool:
         q = self.snap.quotas
+        if not q.org and not q.project:
+            return True
         lim = q.org.get((job.org_id, gpu_type))
         if lim is not None and self.org_used[(job.org_id, gpu_type)] + job.gpu_count > lim:
             return False
@@ -181,12 +184,14 @@ class _Pass:
 
     def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
         """Reservations on this type the job may ignore because it ends (by max wall) before them."""
+        if not self.res_by_type:
+            return _NONE
         end = self.now + job.wall_on(gpu_type)
         return frozenset(r.job_id for r in self.holding(gpu_type) if end <= r.start_at)
 
     def try_place(self, job: PendingJob, gpu_type: str) -> Allocation | None:
         # The unmasked pool first: cheap and usually enough; lifting masks costs bookkeeping.
-        alloc = self._find(job, gpu_type, frozenset())
+        alloc = self._find(job, gpu_type, _NONE)
         if alloc is None:
             lifted = self.lifted(job, gpu_type)
             if lifted:
