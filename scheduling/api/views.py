@@ -24,6 +24,12 @@ from scheduling.models import Job
 from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
 
+# Output-only serializers, built once: DRF builds a serializer's fields per instance, which cost
+# more than rendering one job. `to_representation` keeps no per-call state, so sharing is safe.
+_JOB_DETAIL = JobDetailSerializer()
+_HOLD_SUMMARY = HoldSummarySerializer()
+_JOB_DETAIL.fields, _HOLD_SUMMARY.fields  # noqa: B018 (build the fields now, not racing on first use)
+
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
     return Job.objects.filter(project__in=visible_projects(user)).select_related(
@@ -86,12 +92,12 @@ class JobListCreateView(GenericAPIView):
         def render(job: Job) -> None:
             # Rendered before the org's budget and bucket rows are locked; only the hold's
             # summary is added once it exists (nothing else about the job changes after this).
-            body.update(JobDetailSerializer(job).data)
+            body.update(_JOB_DETAIL.to_representation(job))
 
         def effect() -> tuple[int, Any]:
             job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key,
                              on_inserted=render)
-            body["hold"] = HoldSummarySerializer(job.current_hold).data
+            body["hold"] = _HOLD_SUMMARY.to_representation(job.current_hold)
             return 201, body
 
         with inflight_slot(org_id=project.org_id, cap=project.org.max_inflight_submissions):
