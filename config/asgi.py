@@ -4,7 +4,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from config.telemetry import setup_telemetry
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+setup_telemetry(role="web")  # tracing stays off unless OTEL_* variables ask for it
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -2,7 +2,7 @@
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 from celery.schedules import crontab
 
 from config.env import env
@@ -10,6 +10,17 @@ from config.env import env
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("gpubank")
+
+
+@signals.worker_init.connect(weak=False)
+@signals.beat_init.connect(weak=False)
+def _setup_telemetry(sender: object = None, **kwargs: object) -> None:
+    # Only in worker and beat processes (web processes import this app too); prefork children
+    # inherit the provider, and the SDK restarts its export thread after the fork.
+    from config.telemetry import setup_telemetry
+
+    setup_telemetry(role="celery-beat" if "beat" in str(sender).lower() else "celery-worker")
+
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

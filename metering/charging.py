@@ -17,6 +17,7 @@ from django.db import transaction
 
 from audit.models import AuditEvent
 from audit.services import record
+from config import metrics
 from config.errors import DomainError
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
@@ -90,6 +91,7 @@ def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> i
         reason=f"attempt {attempt.pk} usage {usage.billable_gpu_ms} gpu-ms",
     )
     hold.captured = total
+    metrics.credits_captured(attempt=attempt, amount=delta)  # counted on commit
     AttemptUsage.objects.filter(pk=usage.pk).update(
         captured_gpu_ms=captured_gpu_ms_for(
             billable=usage.billable_gpu_ms, captured=total, rate=attempt.rate_per_gpu_hour

@@ -1,4 +1,4 @@
-"""Prometheus metrics of metering, and the /metrics view.
+"""Prometheus metrics of metering, and the /metrics view (HTTP and business metrics: config/metrics.py).
 
 Counters live in each web process; reconciliation results are computed by a Celery worker, so
 they are kept in the shared cache and read by a collector at scrape time (any process can serve).
@@ -7,14 +7,24 @@ they are kept in the shared cache and read by a collector at scrape time (any pr
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from config import metrics as _http_and_business  # noqa: F401 (registered before the first scrape)
 
 RECONCILIATION_CACHE_KEY = "metering:reconciliation:last"
 
@@ -48,5 +58,16 @@ with contextlib.suppress(ValueError):  # already registered (module re-imported 
     REGISTRY.register(_collector)
 
 
+def _registry() -> CollectorRegistry:
+    # Multiprocess mode (gunicorn workers, Celery prefork): every process writes its values to
+    # files in PROMETHEUS_MULTIPROC_DIR and a scrape of any one process aggregates them all.
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(_collector)
+    return registry
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)

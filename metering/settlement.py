@@ -12,6 +12,7 @@ from django.db import transaction
 
 from audit.models import AuditEvent
 from audit.services import record
+from config import metrics
 from config.clock import db_now
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
@@ -70,6 +71,7 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
     to_capture, to_release = _budgets_for_settlement(hold, capture_total)
     hold = settle_hold(hold=hold, capture_total=capture_total, reason=f"attempt {attempt.pk} {outcome}")
     now = db_now()
+    metrics.attempt_settled(attempt=attempt, outcome=outcome, captured=to_capture, settled_at=now)
     if usage is not None:
         AttemptUsage.objects.filter(pk=usage.pk).update(
             settled_at=now,

@@ -28,6 +28,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from config.api.errors import RateLimited
+from config.telemetry import annotate_org
 
 
 @lru_cache(maxsize=4)
@@ -77,6 +78,7 @@ def principal_identity(request: Request) -> str:
 
 
 def enforce_org_limit(request: Request, *, org_id: int, scope: str) -> None:
+    annotate_org(org_id)  # every org-scoped view passes here: tag its span and log lines
     hit(scope=scope, kind="org", identity=f"org:{org_id}")
 
 

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import F
 
 from audit.services import record
+from config import metrics
 from config.request_context import current_request_id
 from ledger.errors import IdempotencyConflict, InvalidAmount, InvalidParameter, UnknownGpuType
 from ledger.models import Account, Bucket, BucketKind, Hold, HoldLine, HoldState, LedgerTransaction, Posting
@@ -245,7 +246,8 @@ def write_movements(movements: Sequence[Movement]) -> list[LedgerTransaction]:
             _write_orm(m, txn, merged)
     else:
         _write_sql(prepared)
-    for m, _, _ in prepared:
+    for m, txn, _ in prepared:
+        metrics.ledger_movement(kind=m.kind, amount=txn.amount, settled=m.settle)  # on commit
         if m.hold is not None:
             for column, delta in m.hold_deltas.items():
                 setattr(m.hold, column, getattr(m.hold, column) + delta)

@@ -10,6 +10,7 @@ from time import perf_counter
 from django.db import transaction
 
 from audit.services import record
+from config import metrics
 from config.clock import db_now
 from ledger.retry import retry_on_conflict
 from scheduling import core
@@ -59,6 +60,11 @@ def run_scheduling_pass(*, trigger: str = "beat") -> SchedulerPass | None:
     log.info(
         "scheduler pass %s (%s): pending=%s placed=%s preempted=%s load=%sms core=%sms write=%sms",
         row.pk, trigger, row.pending, row.placed, row.preempted, row.load_ms, row.core_ms, row.write_ms,
+    )
+    metrics.scheduler_pass(
+        load_s=loaded_at - started, core_s=decided_at - loaded_at, write_s=written_at - decided_at,
+        pending_classes=[job.priority_class for job in loaded.snapshot.pending],
+        placed=row.placed, preempted=row.preempted, backfilled=row.backfilled,
     )
     return row
 
