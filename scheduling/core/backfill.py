@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from scheduling.core.model import Allocation, RunningJob
-from scheduling.core.placement import FleetState, pick_in_group
+from scheduling.core.placement import FleetState, GroupKey, pick_in_group
 
 Release = tuple[float, int, tuple[int, ...]]
 """(time the GPUs become free, node_id, gpu indices)."""
@@ -62,7 +62,7 @@ def earliest_start(
         return None
     later: dict[int, list[int]] = defaultdict(list)
     multi = state.is_multi(gpu_type, gpu_count)
-    group_total: dict[tuple[str, str], int] = defaultdict(int)
+    group_total: dict[GroupKey, int] = defaultdict(int)
     node_set = set(nodes)
     for n in nodes:
         group_total[state.group_of[n]] += len(state.free[n])

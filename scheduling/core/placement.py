@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from scheduling.core.model import Allocation, Node, RunningJob
 
-GroupKey = tuple[str, str]
-"""(gpu_type, ib_group)."""
+GroupKey = tuple[str, str, str]
+"""(gpu_type, region, ib_group): a group is split by region so a gang never spans regions."""
 
 
 class FleetState:
@@ -51,7 +51,7 @@ class FleetState:
                 self.regions_of[n.gpu_type].append(n.region)
             self.buckets[bkey][len(free)][n.id] = None
             # A node outside any IB group is a group of its own: it can never host a multi-node gang.
-            gkey = (n.gpu_type, n.ib_group or f"node:{n.id}")
+            gkey = (n.gpu_type, n.region, n.ib_group or f"node:{n.id}")
             if gkey not in self.group_region:
                 self.group_region[gkey] = n.region
                 self.groups_of[n.gpu_type].append(gkey)
