@@ -15,6 +15,10 @@ class GpuType(models.Model):
     memory_gb = models.PositiveIntegerField()
     history = HistoricalRecords()
 
+    class Meta:
+        verbose_name = "GPU type"
+        verbose_name_plural = "GPU types"
+
     def __str__(self) -> str:
         return self.name
 
@@ -28,6 +32,8 @@ class GpuPrice(models.Model):
     history = HistoricalRecords()
 
     class Meta:
+        verbose_name = "GPU price"
+        verbose_name_plural = "GPU prices"
         constraints = [
             models.UniqueConstraint(fields=["gpu_type", "effective_from"], name="gpu_price_unique"),
             models.CheckConstraint(
@@ -83,6 +89,10 @@ class PriorityClass(models.Model):
     # Jobs of this class may preempt lower-class preemptible jobs.
     can_preempt = models.BooleanField(default=False)
     history = HistoricalRecords()
+
+    class Meta:
+        verbose_name = "priority class"
+        verbose_name_plural = "priority classes"
 
     def __str__(self) -> str:
         return self.name

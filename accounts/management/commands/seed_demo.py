@@ -27,8 +27,8 @@ NODES = [
     ("demo-l4-1", "eu-west", "L4", 4, "", ""),
 ]
 ORGS = {
-    "acme": ("Acme AI", ["vision", "llm"], ["alice", "bob"]),
-    "globex": ("Globex Research", ["speech"], ["carol"]),
+    "acme": ("Acme AI", [("vision", "Vision"), ("llm", "LLM pre-training")], ["alice", "bob"]),
+    "globex": ("Globex Research", [("speech", "Speech")], ["carol"]),
 }
 
 
@@ -96,9 +96,9 @@ class Command(BaseCommand):
             OrgMembership.objects.get_or_create(
                 org=org, user=users[members[0]], defaults={"role": OrgRole.OWNER}
             )
-            for project_slug in projects:
+            for project_slug, project_name in projects:
                 project, _ = Project.objects.get_or_create(
-                    org=org, slug=project_slug, defaults={"name": project_slug.title()}
+                    org=org, slug=project_slug, defaults={"name": project_name}
                 )
                 for username in members:
                     Membership.objects.get_or_create(project=project, user=users[username])
