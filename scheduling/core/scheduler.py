@@ -23,6 +23,7 @@ from scheduling.core.preemption import VictimIndex
 _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
 FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
 _NONE: frozenset[int] = frozenset()
+Shape = tuple[tuple[str, ...], tuple[str, ...], int]
 
 
 def schedule(snapshot: Snapshot) -> Result:
@@ -66,6 +67,7 @@ class _Pass:
         self.victims: VictimIndex | None = None
         self._holding: dict[str, list[Reservation]] = {}  # cache, dropped when masks change
         self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
+        self._shape_fail: dict[Shape, tuple[tuple[float, ...], str, str]] = {}  # dropped on any change
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -132,19 +134,27 @@ class _Pass:
         if not types:
             return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
         types = self.not_deferred(job, types)
+        can_preempt = self.do_preempt and self.cls(job.priority_class).can_preempt
+        # Shape cache (exact): after the first block, a job that cannot preempt and asks for the
+        # same types/regions/gang size as one that just failed, with walls at least as long on
+        # every type, fails the same way, as long as no GPU was placed and no mask changed since.
+        shape: Shape | None = None
+        if not can_preempt and self.blocked_by is not None:
+            shape = (tuple(types), job.regions, job.gpu_count)
+            hit = self._shape_fail.get(shape)
+            if hit is not None and all(job.wall_on(t) >= w for t, w in zip(types, hit[0], strict=True)):
+                return self.skip(job, hit[1], hit[2])
         for t in types:
             alloc = self.try_place(job, t)
             if alloc is not None:
                 return self.place(job, t, alloc)
-        can_preempt = self.do_preempt and self.cls(job.priority_class).can_preempt
         if can_preempt and self.try_preempt(job, types):
             return None
         for t in types:
             holder = self.reserved_holder(job, t)
             if holder is not None:
-                return self.skip(
-                    job, reasons.reserved_for(holder), f"fits on {t} only by delaying job {holder}"
-                )
+                detail = f"fits on {t} only by delaying job {holder}"
+                return self._skip_shape(job, shape, types, reasons.reserved_for(holder), detail)
         first_block = self.blocked_by is None
         if first_block:
             self.blocked_by = job.id
@@ -154,8 +164,16 @@ class _Pass:
                 return self.skip(
                     job, reasons.RESOURCES, f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}"
                 )
-            return self.skip(job, reasons.RESOURCES, "does not fit the ready fleet even when idle")
-        return self.skip(job, reasons.RESOURCES, "no free gang of GPUs")
+            detail = "does not fit the ready fleet even when idle"
+            return self._skip_shape(job, shape, types, reasons.RESOURCES, detail)
+        return self._skip_shape(job, shape, types, reasons.RESOURCES, "no free gang of GPUs")
+
+    def _skip_shape(
+        self, job: PendingJob, shape: Shape | None, types: list[str], code: str, detail: str
+    ) -> None:
+        if shape is not None:
+            self._shape_fail[shape] = (tuple(job.wall_on(t) for t in types), code, detail)
+        self.skip(job, code, detail)
 
     def holding(self, gpu_type: str) -> list[Reservation]:
         """Reservations on this type that hold currently-free GPUs (others mask nothing)."""
@@ -229,6 +247,7 @@ class _Pass:
     def _masks_changed(self, gpu_type: str) -> None:
         self._holding.pop(gpu_type, None)
         self._holder.clear()
+        self._shape_fail.clear()
 
     def place(self, job: PendingJob, gpu_type: str, alloc: Allocation) -> None:
         backfilled = self.blocked_by is not None
@@ -236,6 +255,7 @@ class _Pass:
         price = self.snap.gpu_types[gpu_type].price_per_gpu_hour_micro
         code = reasons.BACKFILLED if backfilled else reasons.PLACED
         self.result.decisions.append(Place(job.id, gpu_type, alloc, backfilled, code, price, wall))
+        self._shape_fail.clear()
         self.org_used[(job.org_id, gpu_type)] += job.gpu_count
         self.proj_used[(job.project_id, gpu_type)] += job.gpu_count
         for node_id, idx in alloc:
