@@ -63,6 +63,14 @@ class NewEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+# For callers that fold the head reservation into their own write statement (as a CTE, after
+# every other lock of the operation): reserves one seq; RETURNING (seq after, hash before, clock).
+RESERVE_ONE_SQL = f"UPDATE {_HEAD} SET seq = seq + 1 WHERE chain = %s RETURNING seq, hash, now() AS clock"  # noqa: S608
+
+# A head reserved by RESERVE_ONE_SQL in the caller's statement: (seq after the bump, hash, clock).
+Reserved = tuple[int, str, datetime]
+
+
 def _advance_head(chain: str, count: int) -> tuple[int, str, datetime]:
     """Lock the chain head and reserve `count` seqs: (seq before, hash before, DB clock)."""
     sql = f"UPDATE {_HEAD} SET seq = seq + %s WHERE chain = %s RETURNING seq, hash, now()"  # noqa: S608
@@ -136,8 +144,13 @@ def record(
     amount: int | None = None,
     reason_code: str = "",
     data: dict[str, Any] | None = None,
+    reserved: Reserved | None = None,
 ) -> AuditEvent:
-    """Append one event. Locks the chain head, so the chain never forks."""
+    """Append one event. Locks the chain head, so the chain never forks.
+
+    `reserved`: the chain head was already locked and its seq bumped by one with
+    `RESERVE_ONE_SQL` in this transaction (the caller's last lock); saves a round trip.
+    """
     spec = NewEvent(
         action=action, subject_type=subject_type, subject_id=subject_id, org_id=org_id,
         actor_type=actor_type, actor_id=actor_id, amount=amount, reason_code=reason_code,
@@ -148,7 +161,10 @@ def record(
         # Embedded SQLite: the whole database is locked by the transaction anyway.
         record_many([spec])
         return AuditEvent.objects.filter(chain=chain).order_by("-seq").first()  # type: ignore[return-value]
-    seq, prev, now = _advance_head(chain, 1)
+    if reserved is not None:
+        seq, prev, now = reserved[0] - 1, reserved[1], reserved[2]
+    else:
+        seq, prev, now = _advance_head(chain, 1)
     event = _build(spec, chain=chain, seq=seq + 1, prev=prev, now=now, request_id=current_request_id())
     _insert_and_move_head(event)
     return event

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import F
 
-from audit.services import record
+from audit.services import RESERVE_ONE_SQL, Reserved, chain_for, record
 from config import metrics
 from config.request_context import current_request_id
 from ledger.errors import IdempotencyConflict, InvalidAmount, InvalidParameter, UnknownGpuType
@@ -149,9 +149,11 @@ def audit(
     reason: str = "",
     reason_code: str = "",
     data: dict[str, Any] | None = None,
+    reserved: Reserved | None = None,
 ) -> None:
     actor_type, actor_id = actor_fields(actor)
     record(
+        reserved=reserved,
         action=f"ledger.{txn.kind}",
         subject_type=subject_type,
         subject_id=subject_id,
@@ -200,6 +202,9 @@ class Movement:
     new_lines: list[tuple[int, int]] = field(default_factory=list)  # (bucket id, authorized)
     hold_deltas: dict[str, int] = field(default_factory=dict)
     settle: bool = False
+    # Set by write_movement(reserve_audit=True): the org's audit chain head, locked and bumped by
+    # the write statement itself (the operation's last lock), for `audit(reserved=…)`.
+    audit_head: Reserved | None = None
 
     def move(self, bucket_id: int, *, source: str, target: str, amount: int) -> None:
         cols = self.buckets[bucket_id]
@@ -220,16 +225,23 @@ def _merged_legs(m: Movement) -> dict[tuple[str, int | None], int]:
     return {k: v for k, v in merged.items() if v != 0}
 
 
-def write_movement(m: Movement) -> LedgerTransaction:
-    """Write `m` (the caller holds the hold and bucket locks it decided under)."""
-    return write_movements([m])[0]
+def write_movement(m: Movement, *, reserve_audit: bool = False) -> LedgerTransaction:
+    """Write `m` (the caller holds the hold and bucket locks it decided under).
+
+    `reserve_audit`: also lock and bump the org's audit chain head in the same statement
+    (`m.audit_head`, None if the chain has no head yet); the caller must then append exactly one
+    event to that chain with `audit(reserved=m.audit_head)` in this transaction.
+    """
+    return write_movements([m], reserve_audit=reserve_audit)[0]
 
 
-def write_movements(movements: Sequence[Movement]) -> list[LedgerTransaction]:
+def write_movements(movements: Sequence[Movement], *, reserve_audit: bool = False) -> list[LedgerTransaction]:
     """Write several movements (each its own journal transaction) in one statement on PostgreSQL.
 
     The caller holds every hold and bucket lock the movements were decided under.
     """
+    if reserve_audit and len(movements) != 1:
+        raise ValueError("reserve_audit is for a single movement")
     prepared = []
     for m in movements:
         merged = _merged_legs(m)
@@ -245,7 +257,7 @@ def write_movements(movements: Sequence[Movement]) -> list[LedgerTransaction]:
         for m, txn, merged in prepared:
             _write_orm(m, txn, merged)
     else:
-        _write_sql(prepared)
+        _write_sql(prepared, audit_chain=chain_for(movements[0].org_id) if reserve_audit else None)
     for m, txn, _ in prepared:
         metrics.ledger_movement(kind=m.kind, amount=txn.amount, settled=m.settle)  # on commit
         if m.hold is not None:
@@ -300,14 +312,20 @@ WITH b AS (
         AS v(org, key, account, bucket, amount)
     JOIN x ON x.org_id = v.org AND x.key = v.key
     RETURNING id
+), ah AS (
+    {RESERVE_ONE_SQL}
 )
 SELECT x.id, x.org_id, x.key, (SELECT count(*) FROM b), (SELECT count(*) FROM l),
-       (SELECT count(*) FROM nl), (SELECT count(*) FROM h), (SELECT count(*) FROM p)
+       (SELECT count(*) FROM nl), (SELECT count(*) FROM h), (SELECT count(*) FROM p),
+       (SELECT seq FROM ah), (SELECT hash FROM ah), (SELECT clock FROM ah)
 FROM x
 """  # noqa: S608 -- table names only; every value is a parameter
 
 
-def _write_sql(prepared: list[tuple[Movement, LedgerTransaction, dict[tuple[str, int | None], int]]]) -> None:
+def _write_sql(
+    prepared: list[tuple[Movement, LedgerTransaction, dict[tuple[str, int | None], int]]],
+    *, audit_chain: str | None,
+) -> None:
     buckets: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     lines: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     holds: dict[int, dict[str, Any]] = {}
@@ -346,13 +364,14 @@ def _write_sql(prepared: list[tuple[Movement, LedgerTransaction, dict[tuple[str,
             for _, t, _ in prepared
         ], strict=True),
         *(zip(*postings, strict=True) if postings else ([], [], [], [], [])),
+        audit_chain,  # NULL matches no head: nothing reserved
     ]
     params = [list(p) if isinstance(p, tuple) else p for p in params]
     with connection.cursor() as cursor:
         cursor.execute(_WRITE_SQL, params)
         rows = cursor.fetchall()
     ids = {(org_id, key): txn_id for txn_id, org_id, key, *_ in rows}
-    counts = tuple(rows[0][3:]) if rows else (0, 0, 0, 0, 0)
+    counts = tuple(rows[0][3:8]) if rows else (0, 0, 0, 0, 0)
     wanted = (len(bucket_ids), len(line_ids), len(new_lines), len(hold_ids), len(postings))
     if len(ids) != len(prepared) or counts != wanted:
         raise LedgerInvariantBroken(
@@ -363,6 +382,8 @@ def _write_sql(prepared: list[tuple[Movement, LedgerTransaction, dict[tuple[str,
         txn.pk = ids[(txn.org_id, txn.key)]
         txn._state.adding = False
         txn._state.db = connection.alias
+    if audit_chain is not None and rows and rows[0][8] is not None:
+        prepared[0][0].audit_head = (rows[0][8], rows[0][9], rows[0][10])
 
 
 def _write_orm(m: Movement, txn: LedgerTransaction, merged: dict[tuple[str, int | None], int]) -> None:

@@ -11,9 +11,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
 from accounts.models import Organization, Project
+from audit.services import Reserved
 from ledger.clock import clock_offset, ledger_now, ledger_time
 from ledger.errors import HoldNotActive, IdempotencyConflict, InsufficientCredits
-from ledger.locks import lock_bucket_queryset, lock_hold_with_clock
+from ledger.locks import lock_bucket_queryset, lock_eligible_buckets_sql, lock_hold_with_clock
 from ledger.models import Bucket, Hold, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
@@ -58,6 +59,32 @@ def eligible_buckets(
     return qs
 
 
+def lock_eligible_buckets(
+    *, org_id: int, project_id: int | None, gpu_types: list[str], now: datetime
+) -> list[Bucket]:
+    """Lock (by id) and re-read the buckets `eligible_buckets` selects; plain SQL on PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return lock_bucket_queryset(
+            eligible_buckets(org_id=org_id, project_id=project_id, gpu_types=gpu_types, now=now)
+        )
+    where = [
+        "b.org_id = %s AND b.available > 0 AND b.effective_at <= %s "
+        "AND (b.expires_at IS NULL OR b.expires_at > %s)"
+    ]
+    params: list[Any] = [org_id, now, now]
+    if project_id is None:
+        where.append("b.project_id IS NULL")
+    else:
+        where.append("(b.project_id IS NULL OR b.project_id = %s)")
+        params.append(project_id)
+    if gpu_types:
+        where.append("(b.gpu_types = '[]'::jsonb OR b.gpu_types @> %s::jsonb)")
+        params.append(json.dumps(gpu_types))
+    else:
+        where.append("b.gpu_types = '[]'::jsonb")
+    return lock_eligible_buckets_sql(" AND ".join(where), params)
+
+
 def _allocate(buckets: list[Bucket], amount: int) -> list[tuple[Bucket, int]]:
     """Take `amount` from locked buckets in spend order, or raise with what was there."""
     plan: list[tuple[Bucket, int]] = []
@@ -77,13 +104,12 @@ def _allocate(buckets: list[Bucket], amount: int) -> list[tuple[Bucket, int]]:
 def _hold_funds(
     *, hold: Hold, amount: int, now: datetime, kind: str, key: str, params: dict[str, Any],
     memo: str = "", new_hold: bool = False,
-) -> tuple[LedgerTransaction, list[tuple[Bucket, int]]]:
+) -> tuple[LedgerTransaction, list[tuple[Bucket, int]], Reserved | None]:
     """Lock the hold's eligible buckets (by id), move `amount` available -> held, record lines,
-    and write it all (one statement on PostgreSQL) with its journal transaction."""
-    buckets = lock_bucket_queryset(
-        eligible_buckets(
-            org_id=hold.org_id, project_id=hold.project_id, gpu_types=list(hold.gpu_types), now=now
-        )
+    and write it all (one statement on PostgreSQL) with its journal transaction; the same statement
+    reserves the org's audit chain head (returned) for the caller's one audit event."""
+    buckets = lock_eligible_buckets(
+        org_id=hold.org_id, project_id=hold.project_id, gpu_types=list(hold.gpu_types), now=now
     )
     plan = _allocate(buckets, amount)
     # A hold inserted by this transaction has no lines yet: no need to read them.
@@ -97,7 +123,8 @@ def _hold_funds(
         else:
             m.new_lines.append((bucket.pk, take))
     m.hold_deltas["authorized"] = amount
-    return write_movement(m), plan
+    txn = write_movement(m, reserve_audit=True)
+    return txn, plan, m.audit_head
 
 
 def _insert_hold(hold: Hold) -> bool:
@@ -181,13 +208,14 @@ def place_hold(
     # concurrent insert of the same key waits for the other transaction, then replays).
     if not _insert_hold(hold):
         return _replay_hold(Hold.objects.get(org_id=org.pk, key=key), params)
-    txn, plan = _hold_funds(
+    txn, plan, head = _hold_funds(
         hold=hold, amount=amount, now=hold.created_at, kind=TransactionKind.HOLD, key=f"hold:{key}",
         params=params, memo=reference, new_hold=True,
     )
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor,
         data={"reference": reference, "buckets": {str(b.pk): take for b, take in plan}},
+        reserved=head,
     )
     return hold
 
@@ -204,12 +232,13 @@ def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None) -> Hold
         return locked
     if locked.state != HoldState.ACTIVE:
         raise HoldNotActive(f"Hold {locked.pk} is {locked.state}.", hold=locked.pk)
-    txn, plan = _hold_funds(
+    txn, plan, head = _hold_funds(
         hold=locked, amount=amount, now=ledger_time(clock), kind=TransactionKind.EXTEND, key=txn_key,
         params=params,
     )
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor,
         data={"buckets": {str(b.pk): take for b, take in plan}},
+        reserved=head,
     )
     return locked

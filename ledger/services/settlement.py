@@ -28,7 +28,13 @@ from ledger.errors import (
     InvalidAmount,
     InvalidParameter,
 )
-from ledger.locks import lock_hold_with_clock, lock_holds, lock_open_lines, lock_open_lines_of
+from ledger.locks import (
+    lock_hold_with_clock,
+    lock_holds,
+    lock_open_lines,
+    lock_open_lines_of,
+    lock_open_lines_seeing_key,
+)
 from ledger.models import Account, Hold, HoldLine, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
@@ -97,8 +103,9 @@ def _capture(
     m = Movement(org_id=hold.org_id, kind=TransactionKind.CAPTURE, key=key, now=now,
                  params={"amount": amount}, hold=hold, memo=reason)
     _plan_capture(m, lines, amount)
-    txn = write_movement(m)
-    audit(txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, reason=reason)
+    txn = write_movement(m, reserve_audit=True)
+    audit(txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, reason=reason,
+          reserved=m.audit_head)
     return txn
 
 
@@ -109,10 +116,10 @@ def _release(
     m = Movement(org_id=hold.org_id, kind=TransactionKind.RELEASE, key=key, now=now, params=params,
                  hold=hold, memo=reason, settle=settle)
     expired_total = _plan_release(m, lines, amount, now)
-    txn = write_movement(m)
+    txn = write_movement(m, reserve_audit=True)
     audit(
         txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, reason=reason,
-        data={"released": amount, "to_expiry": expired_total},
+        data={"released": amount, "to_expiry": expired_total}, reserved=m.audit_head,
     )
     return txn
 
@@ -129,15 +136,17 @@ def capture(*, hold: Hold, amount: int, key: str, actor: Any = None, reason: str
     check_amount(amount)
     txn_key = f"capture:{hold.pk}:{key}"
     locked, clock = lock_hold_with_clock(hold.pk)
-    previous = replay(
+    # The replay lookup rides on the line/bucket lock (taken after the hold lock, so it sees a
+    # same-key writer that committed while we waited); look it up only if it may exist.
+    lines, maybe_replay = lock_open_lines_seeing_key(locked, txn_key)
+    previous = maybe_replay and replay(
         org_id=locked.org_id, key=txn_key, kind=TransactionKind.CAPTURE, params={"amount": amount}
     )
-    if previous is not None:
+    if previous:
         return previous
     _require_active(locked)
     if amount > locked.remaining:
         raise CaptureExceedsHold(requested=amount, remaining=locked.remaining)
-    lines = lock_open_lines(locked.pk)
     return _capture(locked, lines, amount, txn_key, ledger_time(clock), actor, reason)
 
 
@@ -151,13 +160,15 @@ def release_partial(
     txn_key = f"release:{hold.pk}:{key}"
     params = {"amount": amount, "final": False}
     locked, clock = lock_hold_with_clock(hold.pk)
-    previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params)
-    if previous is not None:
+    lines, maybe_replay = lock_open_lines_seeing_key(locked, txn_key)
+    previous = maybe_replay and replay(
+        org_id=locked.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params
+    )
+    if previous:
         return previous
     _require_active(locked)
     if amount > locked.remaining:
         raise CaptureExceedsHold(requested=amount, remaining=locked.remaining)
-    lines = lock_open_lines(locked.pk)
     return _release(locked, lines, amount, txn_key, ledger_time(clock), actor, reason, params)
 
 
@@ -168,12 +179,12 @@ def release_hold(*, hold: Hold, key: str | None = None, actor: Any = None, reaso
     txn_key = f"release:{hold.pk}:{key or 'final'}"
     params = {"final": True}
     locked, clock = lock_hold_with_clock(hold.pk)
-    if key is not None and replay(
+    lines, maybe_replay = lock_open_lines_seeing_key(locked, txn_key)
+    if key is not None and maybe_replay and replay(
         org_id=locked.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params
     ):
         return locked
     _require_active(locked)
-    lines = lock_open_lines(locked.pk)
     _release(locked, lines, locked.remaining, txn_key, ledger_time(clock), actor, reason, params,
              settle=True)
     return locked

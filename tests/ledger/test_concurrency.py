@@ -102,7 +102,8 @@ def test_racing_capture_release_expiry_conserve_credits() -> None:
     assert hold.state == HoldState.SETTLED
     assert hold.authorized == hold.captured + hold.released == 600
     consumption = Posting.objects.filter(org_id=org.pk, account=Account.CONSUMPTION)
-    assert consumption.aggregate(s=Sum("amount"))["s"] == hold.captured
+    # A final release may win the race before any capture: no consumption postings at all.
+    assert (consumption.aggregate(s=Sum("amount"))["s"] or 0) == hold.captured
     for bucket in (promo, paid):
         bucket.refresh_from_db()
         parts = (bucket.available, bucket.held, bucket.spent, bucket.expired, bucket.voided)
