@@ -10,6 +10,8 @@ the period current at extension); a capture moves that amount from held to spent
 period; a release drops held. Soft budgets never reject: crossing one writes an audit alert.
 """
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -236,6 +238,50 @@ def record_release(*, hold: Hold, amount: int) -> None:
         if moved:
             BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved)
             BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved)
+
+
+@transaction.atomic(savepoint=False)
+def record_release_many(*, items: Sequence[tuple[Hold, int]]) -> None:
+    """`record_release` for many holds: every period they count in locked once, in the usual
+    lock order (level org, project, member; budget id), then one UPDATE for the charges and one
+    for the periods. Call it with the holds locked, before the ledger locks buckets."""
+    amounts = {hold.pk: amount for hold, amount in items if amount > 0}
+    if len(amounts) != len([1 for _, amount in items if amount > 0]):
+        raise ValueError("record_release_many takes each hold at most once")
+    if not amounts:
+        return
+    period_ids = sorted(set(
+        BudgetCharge.objects.filter(hold_id__in=list(amounts)).values_list("period_id", flat=True)
+    ))
+    if not period_ids:
+        return
+    _lock_periods_by_id(period_ids)
+    # Re-read the charges after the period locks: every writer of a charge holds its period.
+    charge_ids, charge_moves, period_moves = [], [], defaultdict(int)
+    for charge_id, hold_id, period_id, held in BudgetCharge.objects.filter(
+        hold_id__in=list(amounts), period_id__in=period_ids
+    ).order_by("pk").values_list("pk", "hold_id", "period_id", "held"):
+        moved = min(amounts[hold_id], held)
+        if moved:
+            charge_ids.append(charge_id)
+            charge_moves.append(moved)
+            period_moves[period_id] += moved
+    if not charge_ids:
+        return
+    if connection.vendor != "postgresql":
+        for charge_id, moved in zip(charge_ids, charge_moves, strict=True):
+            BudgetCharge.objects.filter(pk=charge_id).update(held=F("held") - moved)
+        for period_id, moved in period_moves.items():
+            BudgetPeriod.objects.filter(pk=period_id).update(held=F("held") - moved)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH c AS (UPDATE {BudgetCharge._meta.db_table} AS t SET held = t.held - v.m "  # noqa: S608
+            "FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, m) WHERE t.id = v.id RETURNING t.id) "
+            f"UPDATE {BudgetPeriod._meta.db_table} AS t SET held = t.held - v.m "
+            "FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, m) WHERE t.id = v.id",
+            [charge_ids, charge_moves, list(period_moves), list(period_moves.values())],
+        )
 
 
 @transaction.atomic

@@ -177,7 +177,7 @@ def _release_excess_many(cheaper: list[tuple[int, JobAttempt, PendingRow]]) -> i
     """Release the excess holds of all cheaper placements in one batch ledger call (holds locked
     by id, then budgets per hold, then every affected bucket by id); if the batch is refused,
     fall back to job by job so one bad hold does not keep the others' excess held."""
-    from budgets.services import record_release
+    from budgets.services import record_release_many
     from ledger.locks import lock_holds
     from ledger.models import HoldState
     from ledger.services import release_partial_many
@@ -196,8 +196,7 @@ def _release_excess_many(cheaper: list[tuple[int, JobAttempt, PendingRow]]) -> i
     if len({h.pk for h, _, _ in items}) == len(items):
         try:
             with transaction.atomic():
-                for hold, excess, _ in items:
-                    record_release(hold=hold, amount=excess)
+                record_release_many(items=[(hold, excess) for hold, excess, _ in items])
                 release_partial_many(items=items)
             return sum(excess for _, excess, _ in items)
         except DomainError:

@@ -7,7 +7,13 @@ import pytest
 from budgets.errors import BudgetExceeded
 from budgets.models import BudgetCharge, BudgetPeriod
 from budgets.periods import month_bounds, period_bounds
-from budgets.services import record_capture, record_release, reserve_budgets, set_budget
+from budgets.services import (
+    record_capture,
+    record_release,
+    record_release_many,
+    reserve_budgets,
+    set_budget,
+)
 from ledger.services import place_hold
 from tests.api.factories import make_tenant
 
@@ -40,3 +46,23 @@ def test_reserve_capture_release_move_held_to_spent() -> None:
     with pytest.raises(BudgetExceeded) as error:
         reserve_budgets(hold=second, org=tenant.org, project=tenant.project, user=tenant.user, amount=260)
     assert error.value.level == "member" and error.value.used == 50
+
+
+def test_record_release_many_matches_per_hold_releases() -> None:
+    tenant = make_tenant(funds=2000)
+    set_budget(org=tenant.org, period="month", limit=1500, enforcement="hard")
+    set_budget(org=tenant.org, project=tenant.project, period="month", limit=1500, enforcement="hard")
+    holds = []
+    for key, amount in (("a", 300), ("b", 200), ("c", 100)):
+        hold = place_hold(org=tenant.org, amount=amount, key=key, project=tenant.project, user=tenant.user)
+        reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=amount)
+        holds.append(hold)
+    record_capture(hold=holds[2], amount=60)
+    # 120 of a, all of b, and more than c still holds (clamped to its 40 held).
+    record_release_many(items=[(holds[0], 120), (holds[1], 200), (holds[2], 90)])
+    assert {(p.held, p.spent) for p in BudgetPeriod.objects.all()} == {(180, 60)}
+    held = {c.hold_id: c.held for c in BudgetCharge.objects.all()}
+    assert held == {holds[0].pk: 180, holds[1].pk: 0, holds[2].pk: 0}
+    record_release_many(items=[])  # nothing to do
+    with pytest.raises(ValueError):
+        record_release_many(items=[(holds[0], 1), (holds[0], 2)])
