@@ -27,6 +27,7 @@ class FleetState:
         self.node: dict[int, Node] = {}
         self.free: dict[int, set[int]] = {}
         self.max_gpus: dict[str, int] = {}
+        self.capacity: dict[str, int] = defaultdict(int)  # ready GPUs per type
         self.regions_of: dict[str, list[str]] = defaultdict(list)
         self.groups_of: dict[str, list[GroupKey]] = defaultdict(list)
         self.group_nodes: dict[GroupKey, list[int]] = defaultdict(list)
@@ -41,6 +42,7 @@ class FleetState:
             self.max_gpus[n.gpu_type] = max(self.max_gpus.get(n.gpu_type, 0), n.gpu_count)
         for n in ready:
             self.node[n.id] = n
+            self.capacity[n.gpu_type] += n.gpu_count
             # Trust neither side alone: a GPU is free only if the node says so and no running
             # allocation claims it, and only if the index exists on the node.
             free = {i for i in n.free_gpu_indices if 0 <= i < n.gpu_count} - busy.get(n.id, set())

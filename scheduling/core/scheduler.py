@@ -68,6 +68,7 @@ class _Pass:
         self._holding: dict[str, list[Reservation]] = {}  # cache, dropped when masks change
         self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
         self._shape_fail: dict[Shape, tuple[tuple[float, ...], str, str]] = {}  # dropped on any change
+        self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -143,11 +144,13 @@ class _Pass:
             shape = (tuple(types), job.regions, job.gpu_count)
             hit = self._shape_fail.get(shape)
             if hit is not None and all(job.wall_on(t) >= w for t, w in zip(types, hit[0], strict=True)):
+                self.note_waiting(job, types)
                 return self.skip(job, hit[1], hit[2])
         for t in types:
             alloc = self.try_place(job, t)
             if alloc is not None:
                 return self.place(job, t, alloc)
+        self.note_waiting(job, types)
         if can_preempt and self.try_preempt(job, types):
             return None
         for t in types:
@@ -188,17 +191,27 @@ class _Pass:
         """Ski-rental choice of GPU type: wait for a faster type at most as long as a slower one
         would add to the run (its wall time minus the fastest type's), then take the slower one.
 
-        Speeds come from `max_wall_by_type`; with one wall for all types nothing is deferred.
-        Waiting never exceeds the loss it avoids, so a job finishes at worst ~2x later than with
-        perfect foresight, and usually much sooner than running days on a GPU 5x slower.
+        A slower type is also taken at once when the queue already waiting for the fastest type
+        (GPU-seconds of higher-priority jobs not started in this pass, over that type's ready
+        GPUs) is longer than the run time the slower type adds: finishing there is then expected
+        sooner. Speeds come from `max_wall_by_type`; with one wall for all types nothing is deferred.
         """
         factor = self.cfg.slow_type_wait_factor
         if not self.fair or factor <= 0 or not job.max_wall_by_type or len(types) < 2:
             return types
-        best = min(job.wall_on(t) for t in types)
+        fastest = min(types, key=job.wall_on)
+        best = job.wall_on(fastest)
         waited = self.now - job.submitted_at
-        keep = [t for t in types if waited >= factor * (job.wall_on(t) - best)]
+        cap = self.state.capacity.get(fastest, 0)
+        expected_wait = self.queued_ahead[fastest] / cap if cap else float("inf")
+        keep = [t for t in types if max(waited / factor, expected_wait) >= job.wall_on(t) - best]
         return keep or types
+
+    def note_waiting(self, job: PendingJob, types: list[str]) -> None:
+        """Count a job that stays queued into the backlog of its fastest acceptable type."""
+        if self.fair and types:
+            fastest = min(types, key=job.wall_on)
+            self.queued_ahead[fastest] += job.gpu_count * job.wall_on(fastest)
 
     def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
         """Reservations on this type the job may ignore because it ends (by max wall) before them."""

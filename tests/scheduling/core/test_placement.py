@@ -126,3 +126,18 @@ def test_ski_rental_waits_for_faster_type_then_takes_slower() -> None:
     # Baselines and factor 0 always take the first type that fits.
     (p,) = schedule(snap(nodes, [fresh], now=10_000.0, policy="fifo_backfill")).placements
     assert p.gpu_type == "T4"
+
+
+def test_ski_rental_takes_slower_type_when_fast_queue_is_long() -> None:
+    # Three fresh jobs want H100 (busy); T4 costs each +4 h. Ahead of job 3 already wait
+    # 2 x 8 GPUs x 5 h of H100 work on 8 H100s = 10 h > 4 h: job 3 goes to T4 now.
+    nodes = [node(1, "H100", free=[]), node(2, "T4", gpus=1)]
+    walls = (("H100", 5 * 3600.0), ("T4", 9 * 3600.0))
+    big = (("H100", 5 * 3600.0), ("T4", 99 * 3600.0))
+    pending = [
+        job(1, gpus=8, gpu_types=("H100", "T4"), max_wall_by_type=big, submitted=10_000.0),
+        job(2, gpus=8, gpu_types=("H100", "T4"), max_wall_by_type=big, submitted=10_000.0),
+        job(3, gpus=1, gpu_types=("H100", "T4"), max_wall_by_type=walls, submitted=10_000.0, cls="batch"),
+    ]
+    res = schedule(snap(nodes, pending, now=10_000.0, slow_type_wait_factor=0.5))
+    assert [(p.job_id, p.gpu_type) for p in res.placements] == [(3, "T4")]
