@@ -366,7 +366,16 @@ def main() -> None:
         sim.run(progress=not args.quiet)
         cpu = time.process_time() - t0
         print(f"  [{label}] {sim.passes} passes in {cpu:.1f}s CPU", file=sys.stderr)
-        results.append((label, metrics(sim), cpu))
+        m = metrics(sim)
+        results.append((label, m, cpu))
+        # Long runs: each policy's headline numbers as soon as it is done.
+        print(
+            f"  [{label}] avg JCT {float(m['avg_jct_h']):.2f} h, queue {float(m['avg_queue_h']):.2f} h, "
+            f"busy {float(m['util']):.3f}, normalized {float(m['norm_util']):.3f}, "
+            f"Jain {float(m['jain']):.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = [
         ("avg JCT (h)", "avg_jct_h", "{:.2f}"),
         ("median JCT (h)", "median_jct_h", "{:.2f}"),
