@@ -5,6 +5,7 @@ Every service is keyword-only, one `transaction.atomic()`, takes locks through `
 journal transaction plus its audit event, and is retried on 40001/40P01 when it is outermost.
 """
 
+from ledger.services._journal import CallerEvent
 from ledger.services.expiry import expire_due_buckets
 from ledger.services.holds import extend_hold, place_hold
 from ledger.services.issuance import issue_credits, void_credits
@@ -17,6 +18,7 @@ from ledger.services.settlement import (
 )
 
 __all__ = [
+    "CallerEvent",
     "capture",
     "expire_due_buckets",
     "extend_hold",

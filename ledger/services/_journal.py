@@ -166,6 +166,41 @@ def audit(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CallerEvent:
+    """A caller's own audit event that also records a ledger movement (one event, not two).
+
+    The ledger adds the movement's facts to `data` (transaction id, key, buckets …) and its
+    amount; used by job submission so a submission appends one event to the org's chain.
+    """
+
+    action: str
+    subject_type: str
+    subject_id: str | int
+    reason_code: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def audit_as_caller(
+    *, txn: LedgerTransaction, event: CallerEvent, actor: Any, data: dict[str, Any],
+    reserved: Reserved | None = None,
+) -> None:
+    actor_type, actor_id = actor_fields(actor)
+    record(
+        reserved=reserved,
+        action=event.action,
+        subject_type=event.subject_type,
+        subject_id=event.subject_id,
+        org_id=txn.org_id,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        amount=txn.amount,
+        reason_code=event.reason_code or txn.kind,
+        data={**event.data, "transaction": txn.pk, "key": txn.key, "ledger": f"ledger.{txn.kind}",
+              **data},
+    )
+
+
 AVAILABLE = Account.BUCKET_AVAILABLE
 HELD = Account.BUCKET_HELD
 

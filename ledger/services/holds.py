@@ -20,8 +20,10 @@ from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
     HELD,
+    CallerEvent,
     Movement,
     audit,
+    audit_as_caller,
     check_amount,
     check_gpu_types,
     check_project,
@@ -182,7 +184,6 @@ def _replay_hold(hold: Hold, params: dict[str, Any]) -> Hold:
 
 
 @retry_on_conflict()
-@transaction.atomic
 def place_hold(
     *,
     org: Organization,
@@ -193,11 +194,33 @@ def place_hold(
     gpu_types: Iterable[str] = (),
     reference: str = "",
     actor: Any = None,
+    audit_as: CallerEvent | None = None,
+    gpu_types_checked: bool = False,
+    savepoint: bool = True,
 ) -> Hold:
-    """Hold `amount` across eligible buckets in spend order (all-or-nothing); idempotent by (org, key)."""
+    """Hold `amount` across eligible buckets in spend order (all-or-nothing); idempotent by (org, key).
+
+    `audit_as`: record the placement as the caller's own event (with the hold's facts added)
+    instead of a separate `ledger.hold` event; a replay records nothing (the original stands).
+    `gpu_types_checked`: the caller already checked the names against the GPU types (no query).
+    `savepoint=False` (nested in a caller's transaction): no savepoint round trips; a refusal then
+    dooms the caller's whole transaction, which is what job submission wants anyway.
+    """
+    with transaction.atomic(savepoint=savepoint):
+        return _place_hold(
+            org=org, amount=amount, key=key, project=project, user=user, gpu_types=gpu_types,
+            reference=reference, actor=actor, audit_as=audit_as, gpu_types_checked=gpu_types_checked,
+        )
+
+
+def _place_hold(
+    *, org: Organization, amount: int, key: str, project: Project | None, user: Any,
+    gpu_types: Iterable[str], reference: str, actor: Any, audit_as: CallerEvent | None,
+    gpu_types_checked: bool,
+) -> Hold:
     check_amount(amount)
     project_id = check_project(org.pk, project)
-    types = check_gpu_types(gpu_types)
+    types = sorted(set(gpu_types)) if gpu_types_checked else check_gpu_types(gpu_types)
     user_id = user.pk if user is not None else None
     params = _place_params(amount, project_id, user_id, types, reference)
     hold = Hold(
@@ -212,11 +235,13 @@ def place_hold(
         hold=hold, amount=amount, now=hold.created_at, kind=TransactionKind.HOLD, key=f"hold:{key}",
         params=params, memo=reference, new_hold=True,
     )
-    audit(
-        txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor,
-        data={"reference": reference, "buckets": {str(b.pk): take for b, take in plan}},
-        reserved=head,
-    )
+    facts = {"reference": reference, "buckets": {str(b.pk): take for b, take in plan}}
+    if audit_as is not None:
+        audit_as_caller(txn=txn, event=audit_as, actor=actor, data={"hold": hold.pk, **facts},
+                        reserved=head)
+    else:
+        audit(txn=txn, subject_type="ledger.hold", subject_id=hold.pk, actor=actor, data=facts,
+              reserved=head)
     return hold
 
 

@@ -8,7 +8,7 @@ from budgets.services import precheck_budgets, reserve_budgets
 from config.clock import db_now
 from config.errors import DomainError
 from ledger.models import Hold
-from ledger.services import place_hold
+from ledger.services import CallerEvent, place_hold
 from scheduling.models import Job
 from scheduling.pricing import Catalog, catalog_knowing, hold_amount
 
@@ -52,19 +52,23 @@ def price_job_hold(job: Job, gpu_types: list[str] | None = None, at: datetime | 
 
 
 def place_job_hold(
-    *, job: Job, key: str, types: list[str], amount: int, now: datetime, fresh: bool = False
+    *, job: Job, key: str, types: list[str], amount: int, now: datetime, fresh: bool = False,
+    audit_as: CallerEvent | None = None,
 ) -> Hold:
     """Lock and check every budget level, hold the funds, count the hold in the budgets.
 
     `fresh`: the hold cannot exist yet (its job was inserted by this same transaction), so the
-    budget charges need no replay lookup. Lock order: the caller holds the job; budget periods
+    budget charges need no replay lookup, and the placement needs no savepoint (a refusal fails
+    the submission). Lock order: the caller holds the job; budget periods
     (org, project, member) are locked here before `place_hold` locks buckets. Raises
-    BudgetExceeded or InsufficientCredits.
+    BudgetExceeded or InsufficientCredits. `audit_as`: the placement's audit event is the caller's
+    (see `ledger.place_hold`). `types` come from the catalog (`eligible_types`): already checked.
     """
     prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount, now=now)
     hold = place_hold(
         org=job.org, amount=amount, key=key, project=job.project, user=job.user,
-        gpu_types=types, reference=f"job:{job.pk}", actor=job.user,
+        gpu_types=types, reference=f"job:{job.pk}", actor=job.user, audit_as=audit_as,
+        gpu_types_checked=True, savepoint=not fresh,
     )
     reserve_budgets(hold=hold, org=job.org, project=job.project, user=job.user, amount=amount,
                     prechecked=prechecked, fresh=fresh)

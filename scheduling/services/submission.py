@@ -9,9 +9,9 @@ from django.db import connection, transaction
 
 from accounts.models import Project
 from accounts.selectors import can_submit
-from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
+from ledger.services import CallerEvent
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
 from scheduling.services.reservation import eligible_types, hold_seconds, place_job_hold
@@ -134,17 +134,18 @@ def submit_job(
     job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
     if on_inserted is not None:
         on_inserted(job)
+    # One audit event for the submission and its hold: `sched.job.submit` carries the ledger
+    # transaction (id, key, buckets) too, so the money movement stays audited in this transaction.
+    event = CallerEvent(
+        action="sched.job.submit", subject_type="job", subject_id=job.pk, reason_code="submitted",
+        data={"project": project.pk, "idempotency_key": idempotency_key[:255],
+              "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count},
+    )
     hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
-                          fresh=True)
+                          fresh=True, audit_as=event)
     with connection.cursor() as cursor:  # plain SQL: this runs while the org's rows are locked
         cursor.execute(f'UPDATE {Job._meta.db_table} SET "{_CURRENT_HOLD}" = %s WHERE id = %s',  # noqa: S608
                        [hold.pk, job.pk])
     job.current_hold = hold
-    record(
-        action="sched.job.submit", subject_type="job", subject_id=job.pk, org_id=job.org_id,
-        actor_type="user", actor_id=str(user.pk), amount=hold.authorized, reason_code="submitted",
-        data={"project": project.pk, "hold": hold.pk, "idempotency_key": idempotency_key[:255],
-              "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count},
-    )
     transaction.on_commit(_schedule_soon)
     return job

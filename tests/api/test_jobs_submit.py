@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from budgets.models import BudgetPeriod
-from ledger.models import MICRO, Hold, HoldState
+from ledger.models import MICRO, Hold, HoldState, LedgerTransaction
 from scheduling.models import Job
 from tests.api.conftest import A100_PRICE, H100_PRICE, client_for
 from tests.api.factories import Tenant, add_member
@@ -40,7 +40,12 @@ def test_submit_returns_job_hold_and_estimate(api: APIClient, job_body: Callable
     assert body["attempts"] == [] and body["priority_class"] == "standard"
     job = Job.objects.get(pk=body["id"])
     assert job.current_hold_id == body["hold"]["id"] and job.user == tenant.user
-    assert AuditEvent.objects.filter(action="sched.job.submit", subject_id=str(job.pk)).exists()
+    # One event records the submission and its hold placement (the money movement stays audited).
+    (event,) = AuditEvent.objects.filter(org_id=job.org_id).exclude(action="ledger.issue")
+    assert (event.action, event.subject_id, event.amount) == ("sched.job.submit", str(job.pk), expected)
+    txn = LedgerTransaction.objects.get(org_id=job.org_id, kind="hold")
+    assert event.data["transaction"] == txn.pk and event.data["key"] == f"hold:job:{job.pk}:submit"
+    assert event.data["hold"] == body["hold"]["id"] and sum(event.data["buckets"].values()) == expected
 
 
 def test_hold_skips_types_below_memory_floor(api: APIClient, job_body: Callable) -> None:
