@@ -1,5 +1,6 @@
 """`GET`/`PUT` budgets at org, project and member-in-project level (org owners/admins, finance)."""
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -23,11 +24,12 @@ def _render(budget: Budget) -> dict:
     return BudgetSerializer(budget, context={"current_period": current_period(budget)}).data
 
 
-class _BudgetView(GenericAPIView):
+class _BudgetView(GenericAPIView, ABC):
     serializer_class = BudgetSerializer
 
+    @abstractmethod
     def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
-        raise NotImplementedError
+        """The (org, project, user) this route's budget belongs to, visible to the caller or 404."""
 
     def _get(self, request: Request, **kwargs: Any) -> Response:
         org, project, user = self.scope(request, **kwargs)
