@@ -120,8 +120,20 @@ class _Vanished(Exception):
     pass
 
 
-def run_idempotent(request: Request, effect: Effect) -> Response:
-    """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response."""
+_COMPLETE = (
+    "UPDATE accounts_idempotencyrecord SET state = 'done', response_status = %s, "
+    "response_body = %s::jsonb WHERE id = %s"
+)
+
+
+def run_idempotent(
+    request: Request, effect: Effect, *, deferred_writes: list[tuple[str, list[Any]]] | None = None,
+) -> Response:
+    """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response.
+
+    `deferred_writes`: statements (sql, params) the effect appended to this list; they run in
+    the same transaction, in the same round trip as the record's completion (after it).
+    """
     key = key_of(request)
     principal = principal_of(request)
     fp = fingerprint(request.method or "", request.path, request.data)
@@ -132,12 +144,18 @@ def run_idempotent(request: Request, effect: Effect) -> Response:
                 if isinstance(claimed, StoredResponse):
                     stored = claimed
                 else:
+                    if deferred_writes:
+                        deferred_writes.clear()  # a retried attempt starts over
                     status, body = effect()
                     # What we store is byte-for-byte what every replay will return.
-                    body = json.loads(canonical_json(body))
-                    IdempotencyRecord.objects.filter(pk=claimed).update(
-                        state=IdempotencyRecord.State.DONE, response_status=status, response_body=body
-                    )
+                    text = canonical_json(body)
+                    body = json.loads(text)
+                    sql, params = _COMPLETE, [status, text, claimed]
+                    for extra_sql, extra_params in deferred_writes or ():
+                        sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]
+                    with connection.cursor() as cursor:
+                        # Client-side binding (as in _claim): the statements travel together.
+                        cursor.execute(sql, params)
                     return Response(body, status=status)
             # jsonb reorders keys: re-canonicalize so replays are byte-identical to the original.
             replay = json.loads(canonical_json(stored.body))

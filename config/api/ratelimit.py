@@ -8,6 +8,12 @@ workers never race; with no `REDIS_URL` (embedded mode) an in-memory storage is 
 A separate cap bounds the concurrent in-flight submissions of one organization
 (`Organization.max_inflight_submissions`): a Redis sorted set of request tokens whose entries
 expire on their own, so a crashed worker cannot leak a slot for longer than the TTL.
+
+Job submission (`submission_gate`) takes its per-key limit, its per-org limit and the in-flight
+slot in ONE Redis round trip: a Lua script (registered once) that runs the `limits` library's
+sliding-window acquisition on the library's own keys for each limit in turn — a later limit is
+not charged when an earlier one refuses, as with separate calls — and then claims the slot.
+The whole script is atomic in Redis, so each limit stays atomic across web workers.
 """
 
 import math
@@ -61,9 +67,13 @@ def hit(*, scope: str, kind: str, identity: str) -> None:
     ids = (f"api{_namespace()}", scope, kind, identity)
     if limiter.hit(item, *ids):
         return
-    reset_at, _remaining = limiter.get_window_stats(item, *ids)
+    raise _refuse(spec, kind, scope, item, ids)
+
+
+def _refuse(spec: str, kind: str, scope: str, item: RateLimitItem, ids: tuple[str, ...]) -> RateLimited:
+    reset_at, _remaining = _limiter(settings.REDIS_URL).get_window_stats(item, *ids)
     retry_after = max(1, math.ceil(reset_at - time.time()))
-    raise RateLimited(
+    return RateLimited(
         f"Rate limit {spec} per {kind} exceeded for {scope}; retry in {retry_after}s.",
         retry_after=retry_after, scope=scope, limit=spec,
     )
@@ -88,6 +98,8 @@ class ApiKeyRateThrottle(BaseThrottle):
     def allow_request(self, request: Request, view: Any) -> bool:
         if not request.user or not request.user.is_authenticated:
             return True
+        if getattr(view, "key_limit_in_view", False) and request.method == "POST":
+            return True  # the view charges it itself (`submission_gate`, or `hit` on a refusal)
         hit(scope=getattr(view, "rate_limit_scope", "default"), kind="key",
             identity=principal_identity(request))
         return True
@@ -138,3 +150,101 @@ def inflight_slot(*, org_id: int, cap: int) -> Iterator[None]:
         else:
             with _local_lock:
                 _local_slots.get(key, set()).discard(token)
+
+
+# --- submission: both limits and the in-flight slot in one round trip ---------------------------
+
+# KEYS: (previous, current) window keys per limit, then the in-flight set.
+# ARGV: number of limits, (limit, expiry seconds) per limit, then token, now, ttl.
+# Returns {index of the refusing limit (1-based) or 0, in-flight count (0 when refused)}.
+# The per-limit block is the `limits` library's acquire_sliding_window.lua (amount 1).
+_GATE_LUA = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+    local prev_key, cur_key = KEYS[2 * i - 1], KEYS[2 * i]
+    local limit = tonumber(ARGV[2 * i])
+    local expiry = tonumber(ARGV[2 * i + 1]) * 1000
+    if 1 > limit then return {i, 0} end
+    local current_ttl = tonumber(redis.call('pttl', cur_key))
+    if current_ttl > 0 and current_ttl < expiry then
+        redis.call('rename', cur_key, prev_key)
+        redis.call('set', cur_key, 0, 'PX', current_ttl + expiry)
+    end
+    local previous_count = tonumber(redis.call('get', prev_key)) or 0
+    local previous_ttl = tonumber(redis.call('pttl', prev_key)) or 0
+    local current_count = tonumber(redis.call('get', cur_key)) or 0
+    current_ttl = tonumber(redis.call('pttl', cur_key)) or 0
+    if previous_ttl <= 0 then previous_ttl = 0 end
+    if current_ttl <= 0 then current_ttl = 0 end
+    local weighted = math.floor(previous_count * previous_ttl / expiry) + current_count
+    if (weighted + 1) > limit then return {i, 0} end
+    if redis.call('exists', cur_key) == 1 then
+        redis.call('incrby', cur_key, 1)
+    else
+        redis.call('set', cur_key, 1, 'PX', expiry * 2)
+    end
+end
+local slots = KEYS[2 * n + 1]
+local token, now, ttl = ARGV[2 * n + 2], tonumber(ARGV[2 * n + 3]), tonumber(ARGV[2 * n + 4])
+redis.call('zremrangebyscore', slots, '-inf', now - ttl)
+redis.call('zadd', slots, ARGV[2 * n + 3], token)
+local count = redis.call('zcard', slots)
+redis.call('expire', slots, ttl)
+return {0, count}
+"""
+
+
+@lru_cache(maxsize=4)
+def _gate_script(url: str) -> Any:
+    storage = _limiter(url).storage
+    return storage.get_connection().register_script(_GATE_LUA)
+
+
+def _too_many_inflight(cap: int) -> RateLimited:
+    return RateLimited(
+        f"The organization already has {cap} submissions in flight; retry shortly.",
+        retry_after=1, scope="inflight-submissions", limit=str(cap),
+    )
+
+
+@contextmanager
+def submission_gate(request: Request, *, org_id: int, cap: int, scope: str) -> Iterator[None]:
+    """Per-key limit, per-org limit and one in-flight slot for the block, in one round trip.
+
+    Same order and effect as the throttle's `hit(kind="key")`, `enforce_org_limit` and
+    `inflight_slot`: a refused limit charges no later one and takes no slot.
+    """
+    annotate_org(org_id)
+    url = settings.REDIS_URL
+    if not url:  # embedded mode: the in-memory limiter, one call each
+        hit(scope=scope, kind="key", identity=principal_identity(request))
+        hit(scope=scope, kind="org", identity=f"org:{org_id}")
+        with inflight_slot(org_id=org_id, cap=cap):
+            yield
+        return
+    storage = _limiter(url).storage
+    limits: list[tuple[str, str, RateLimitItem, tuple[str, ...]]] = []
+    for kind, identity in (("key", principal_identity(request)), ("org", f"org:{org_id}")):
+        if spec := _limit_for(scope, kind):
+            ids = (f"api{_namespace()}", scope, kind, identity)
+            limits.append((spec, kind, _item(spec), ids))
+    keys: list[str] = []
+    args: list[Any] = [len(limits)]
+    for _spec, _kind, item, ids in limits:
+        base = item.key_for(*ids)
+        keys += [storage.prefixed_key(storage._previous_window_key(base)),
+                 storage.prefixed_key(storage._current_window_key(base))]
+        args += [item.amount, item.get_expiry()]
+    slots = f"api{_namespace()}:inflight:org:{org_id}"
+    token = uuid.uuid4().hex
+    ttl = settings.API_INFLIGHT_TTL_SECONDS
+    refused, count = _gate_script(url)(keys=[*keys, slots], args=[*args, token, repr(time.time()), ttl])
+    if refused:
+        spec, kind, item, ids = limits[int(refused) - 1]
+        raise _refuse(spec, kind, scope, item, ids)
+    try:
+        if int(count) > cap:
+            raise _too_many_inflight(cap)
+        yield
+    finally:
+        _redis(url).zrem(slots, token)

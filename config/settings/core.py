@@ -31,12 +31,12 @@ MIDDLEWARE = [
     "config.telemetry.ObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "config.api.middleware.ApiSessionMiddleware",  # these three: skipped by Bearer API calls
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.api.middleware.ApiAuthenticationMiddleware",
+    "config.api.middleware.ApiMessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",  # kept: check --deploy wants it
     "simple_history.middleware.HistoryRequestMiddleware",
 ]
 

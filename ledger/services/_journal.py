@@ -303,49 +303,54 @@ def write_movements(movements: Sequence[Movement], *, reserve_audit: bool = Fals
     return [txn for _, txn, _ in prepared]
 
 
+# Every value travels in ONE json parameter (`d`), unpacked by json_to_recordset: dumping a few
+# dozen array parameters cost more Python CPU than the statement itself. The hold states are
+# constants of the code, not values.
 _WRITE_SQL = f"""
-WITH b AS (
+WITH d AS (SELECT %s::json AS j), b AS (
     UPDATE {Bucket._meta.db_table} AS t SET
         available = t.available + v.a, held = t.held + v.h, spent = t.spent + v.s,
         expired = t.expired + v.e, voided = t.voided + v.v
-    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])
-        AS v(id, a, h, s, e, v)
+    FROM json_to_recordset((SELECT j->'b' FROM d)) AS v(id bigint, a bigint, h bigint, s bigint,
+                                                         e bigint, v bigint)
     WHERE t.id = v.id AND t.available + v.a >= 0 AND t.held + v.h >= 0 AND t.spent + v.s >= 0
         AND t.expired + v.e >= 0 AND t.voided + v.v >= 0
     RETURNING t.id
 ), l AS (
     UPDATE {HoldLine._meta.db_table} AS t SET
         authorized = t.authorized + v.a, captured = t.captured + v.c, released = t.released + v.r
-    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, a, c, r)
+    FROM json_to_recordset((SELECT j->'l' FROM d)) AS v(id bigint, a bigint, c bigint, r bigint)
     WHERE t.id = v.id
     RETURNING t.id
 ), nl AS (
     INSERT INTO {HoldLine._meta.db_table} (hold_id, bucket_id, authorized, captured, released)
-    SELECT v.hold, v.b, v.a, 0, 0 FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(hold, b, a)
+    SELECT v.hold, v.b, v.a, 0, 0
+    FROM json_to_recordset((SELECT j->'nl' FROM d)) AS v(hold bigint, b bigint, a bigint)
     RETURNING id
 ), h AS (
     UPDATE {Hold._meta.db_table} AS t SET
         authorized = t.authorized + v.a, captured = t.captured + v.c, released = t.released + v.r,
-        state = CASE WHEN v.settle THEN %s ELSE t.state END,
+        state = CASE WHEN v.settle THEN '{HoldState.SETTLED}' ELSE t.state END,
         settled_at = CASE WHEN v.settle THEN v.at ELSE t.settled_at END
-    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::boolean[], %s::timestamptz[])
-        AS v(id, a, c, r, settle, at)
-    WHERE t.id = v.id AND (NOT v.settle OR t.state = %s)
+    FROM json_to_recordset((SELECT j->'h' FROM d))
+        AS v(id bigint, a bigint, c bigint, r bigint, settle boolean, at timestamptz)
+    WHERE t.id = v.id AND (NOT v.settle OR t.state = '{HoldState.ACTIVE}')
     RETURNING t.id
 ), x AS (
     INSERT INTO {LedgerTransaction._meta.db_table}
         (org_id, kind, key, hold_id, created_at, memo, amount, params, request_id)
-    SELECT v.org, v.kind, v.key, v.hold, v.at, v.memo, v.amount, v.params::jsonb, v.rid
-    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[], %s::text[],
-                %s::bigint[], %s::text[], %s::text[])
-        AS v(org, kind, key, hold, at, memo, amount, params, rid)
+    SELECT v.org, v.kind, v.key, v.hold, v.at, v.memo, v.amount, v.params, v.rid
+    FROM json_to_recordset((SELECT j->'x' FROM d))
+        AS v(org bigint, kind text, key text, hold bigint, at timestamptz, memo text,
+             amount bigint, params jsonb, rid text)
     RETURNING id, org_id, key
 ), p AS (
     INSERT INTO {Posting._meta.db_table} (transaction_id, org_id, account, bucket_id, amount)
     SELECT x.id, v.org, v.account, v.bucket, v.amount
-    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
-        AS v(org, key, account, bucket, amount)
+    FROM json_to_recordset((SELECT j->'p' FROM d))
+        AS v(n int, org bigint, key text, account text, bucket bigint, amount bigint)
     JOIN x ON x.org_id = v.org AND x.key = v.key
+    ORDER BY v.n  -- posting ids in the legs' order, whatever join the planner picks
     RETURNING id
 ), ah AS (
     {RESERVE_ONE_SQL}
@@ -354,7 +359,15 @@ SELECT x.id, x.org_id, x.key, (SELECT count(*) FROM b), (SELECT count(*) FROM l)
        (SELECT count(*) FROM nl), (SELECT count(*) FROM h), (SELECT count(*) FROM p),
        (SELECT seq FROM ah), (SELECT hash FROM ah), (SELECT clock FROM ah)
 FROM x
-"""  # noqa: S608 -- table names only; every value is a parameter
+"""  # noqa: S608 -- table names and the code's own state constants only; values are parameters
+
+assert all(c.isalnum() or c == "_" for c in HoldState.SETTLED + HoldState.ACTIVE)
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON-serializable in a ledger write: {type(value).__name__}")
 
 
 def _write_sql(
@@ -364,7 +377,7 @@ def _write_sql(
     buckets: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     lines: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     holds: dict[int, dict[str, Any]] = {}
-    new_lines: list[tuple[int, int, int]] = []
+    new_lines: list[dict[str, int]] = []
     for m, _, _ in prepared:
         for bucket_id, cols in m.buckets.items():
             for c, d in cols.items():
@@ -373,41 +386,41 @@ def _write_sql(
             for c, d in cols.items():
                 lines[line_id][c] += d
         if m.hold is not None:
-            new_lines += [(m.hold.pk, b, a) for b, a in m.new_lines]
+            hold_id = m.hold.pk
+            new_lines += [{"hold": hold_id, "b": b, "a": a} for b, a in m.new_lines]
             if m.hold_deltas or m.settle:
-                entry = holds.setdefault(m.hold.pk, {"settle": False, "at": m.now})
+                entry = holds.setdefault(hold_id, {"settle": False, "at": m.now})
                 for c, d in m.hold_deltas.items():
                     entry[c] = entry.get(c, 0) + d
                 if m.settle:
                     entry["settle"], entry["at"] = True, m.now
-    bucket_ids, line_ids, hold_ids = sorted(buckets), sorted(lines), sorted(holds)
     postings = [
-        (m.org_id, m.key, account, bucket_id, amount)
+        {"org": m.org_id, "key": m.key, "account": account, "bucket": bucket_id, "amount": amount}
         for m, _, merged in prepared for (account, bucket_id), amount in merged.items()
     ]
-    params: list[Any] = [
-        bucket_ids, *([buckets[b][c] for b in bucket_ids] for c in BUCKET_COLUMNS),
-        line_ids, *([lines[ln][c] for ln in line_ids] for c in LINE_COLUMNS),
-        [h for h, _, _ in new_lines], [b for _, b, _ in new_lines], [a for _, _, a in new_lines],
-        HoldState.SETTLED,
-        hold_ids, *([holds[h].get(c, 0) for h in hold_ids] for c in LINE_COLUMNS),
-        [holds[h]["settle"] for h in hold_ids], [holds[h]["at"] for h in hold_ids],
-        HoldState.ACTIVE,
-        *zip(*[
-            (t.org_id, t.kind, t.key, t.hold_id, t.created_at, t.memo, t.amount, json.dumps(t.params),
-             t.request_id)
-            for _, t, _ in prepared
-        ], strict=True),
-        *(zip(*postings, strict=True) if postings else ([], [], [], [], [])),
-        audit_chain,  # NULL matches no head: nothing reserved
-    ]
-    params = [list(p) if isinstance(p, tuple) else p for p in params]
+    for n, posting in enumerate(postings):
+        posting["n"] = n
+    doc = {
+        "b": [{"id": b, "a": cols["available"], "h": cols["held"], "s": cols["spent"],
+               "e": cols["expired"], "v": cols["voided"]} for b, cols in sorted(buckets.items())],
+        "l": [{"id": ln, "a": cols["authorized"], "c": cols["captured"], "r": cols["released"]}
+              for ln, cols in sorted(lines.items())],
+        "nl": new_lines,
+        "h": [{"id": h, "a": e.get("authorized", 0), "c": e.get("captured", 0),
+               "r": e.get("released", 0), "settle": e["settle"], "at": e["at"]}
+              for h, e in sorted(holds.items())],
+        "x": [{"org": t.org_id, "kind": t.kind, "key": t.key, "hold": t.hold_id, "at": t.created_at,
+               "memo": t.memo, "amount": t.amount, "params": t.params, "rid": t.request_id}
+              for _, t, _ in prepared],
+        "p": postings,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(_WRITE_SQL, params)
+        # audit_chain NULL matches no head: nothing reserved
+        cursor.execute(_WRITE_SQL, [json.dumps(doc, default=_iso), audit_chain])
         rows = cursor.fetchall()
     ids = {(org_id, key): txn_id for txn_id, org_id, key, *_ in rows}
     counts = tuple(rows[0][3:8]) if rows else (0, 0, 0, 0, 0)
-    wanted = (len(bucket_ids), len(line_ids), len(new_lines), len(hold_ids), len(postings))
+    wanted = (len(buckets), len(lines), len(new_lines), len(holds), len(postings))
     if len(ids) != len(prepared) or counts != wanted:
         raise LedgerInvariantBroken(
             f"ledger write under lock: wrote {counts} of {wanted} (buckets, lines, new lines, holds, "

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
 from config.api.idempotency import key_of, run_idempotent
-from config.api.ratelimit import enforce_org_limit, inflight_slot
+from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
 from scheduling.api.serializers import (
     HoldSummarySerializer,
     JobDetailSerializer,
@@ -46,6 +46,9 @@ def get_visible_job(user: Any, job_id: int) -> Job:
 
 class JobListCreateView(GenericAPIView):
     serializer_class = JobSerializer
+    # POST charges its per-key limit together with the org limit and the in-flight slot (one
+    # Redis round trip, `submission_gate`); a request refused before that still charges it.
+    key_limit_in_view = True
 
     def get_throttles(self) -> list:
         self.rate_limit_scope = "jobs-submit" if self.request.method == "POST" else "jobs-read"
@@ -74,12 +77,16 @@ class JobListCreateView(GenericAPIView):
         description="Validate, price and hold credits for a job, and queue it — one transaction.",
     )
     def post(self, request: Request) -> Response:
-        key = key_of(request)
-        body = JobSubmitSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
-        project = get_visible_project_for_submit(request.user, data["project"])
-        enforce_org_limit(request, org_id=project.org_id, scope="jobs-submit")
+        try:
+            key = key_of(request)
+            body = JobSubmitSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            data = body.validated_data
+            project = get_visible_project_for_submit(request.user, data["project"])
+        except Exception:
+            # As if the throttle had charged the key first: over the limit answers 429.
+            hit(scope="jobs-submit", kind="key", identity=principal_identity(request))
+            raise
         spec = JobSpec(
             name=data["name"], gpu_types=tuple(data["gpu_types"]), gpu_count=data["gpu_count"],
             gpu_memory_gb=data["gpu_memory_gb"], max_wall_seconds=data["max_wall_seconds"],
@@ -94,14 +101,19 @@ class JobListCreateView(GenericAPIView):
             # summary is added once it exists (nothing else about the job changes after this).
             body.update(_JOB_DETAIL.to_representation(job))
 
+        # The job's hold pointer is written with the idempotency record's completion (one round
+        # trip, same transaction).
+        deferred: list[tuple[str, list[Any]]] = []
+
         def effect() -> tuple[int, Any]:
             job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key,
-                             on_inserted=render)
+                             on_inserted=render, deferred_writes=deferred)
             body["hold"] = _HOLD_SUMMARY.to_representation(job.current_hold)
             return 201, body
 
-        with inflight_slot(org_id=project.org_id, cap=project.org.max_inflight_submissions):
-            return run_idempotent(request, effect)
+        with submission_gate(request, org_id=project.org_id, cap=project.org.max_inflight_submissions,
+                             scope="jobs-submit"):
+            return run_idempotent(request, effect, deferred_writes=deferred)
 
 
 class JobDetailView(GenericAPIView):

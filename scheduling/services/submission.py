@@ -1,10 +1,12 @@
 """Job submission: validate, create the job `queued`, reserve its hold — one transaction."""
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from accounts.models import Project
@@ -18,6 +20,7 @@ from scheduling.services.reservation import eligible_types, hold_seconds, place_
 
 logger = logging.getLogger(__name__)
 _CURRENT_HOLD = Job._meta.get_field("current_hold").column
+_SET_POINTER = f'UPDATE {Job._meta.db_table} SET "{_CURRENT_HOLD}" = %s WHERE id = %s'  # noqa: S608
 
 
 class SubmissionInvalid(DomainError):
@@ -80,8 +83,22 @@ def _validate(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
     return cls, preemptible
 
 
+_last_trigger = 0.0  # monotonic time this process last asked for an early pass
+
+
 def _schedule_soon() -> None:
-    """Ask the scheduler for an early pass (after commit); never fails the submission."""
+    """Ask the scheduler for an early pass (after commit); never fails the submission.
+
+    `schedule_soon` coalesces a burst with a cache key that lives SCHEDULER_SOON_COALESCE_SECONDS;
+    while this process asked less than that long ago, a pass is pending (or just ran and the
+    next submission's trigger will ask again), so the cache round trip is skipped.
+    """
+    global _last_trigger
+    window = float(getattr(settings, "SCHEDULER_SOON_COALESCE_SECONDS", 1.0))
+    now = time.monotonic()
+    if now - _last_trigger < window:
+        return
+    _last_trigger = now
     try:
         from scheduling.tasks import schedule_soon
     except ImportError:
@@ -100,6 +117,7 @@ def submit_job(
     spec: JobSpec,
     idempotency_key: str,
     on_inserted: Callable[[Job], None] | None = None,
+    deferred_writes: list[tuple[str, list[Any]]] | None = None,
 ) -> Job:
     """Validate, create the job `queued`, price and place its hold (budgets + funds), audit.
 
@@ -111,7 +129,13 @@ def submit_job(
     budget and bucket locks, so an organization's hot rows stay locked only for the ledger's
     writes, the job's hold pointer, the audit append and the commit. `on_inserted(job)` runs at
     that point too (the API renders the response body there, all but the hold).
+
+    `deferred_writes`: instead of running it here, append the job's hold-pointer UPDATE
+    (sql, params) for the caller to run later in its enclosing transaction (the API sends it
+    with the idempotency record's completion, one round trip).
     """
+    if deferred_writes is not None and len(connection.atomic_blocks) < 2:
+        raise ValueError("deferred_writes needs an enclosing transaction that runs them")
     if not can_submit(user, project):
         raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
     snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
@@ -143,9 +167,12 @@ def submit_job(
     )
     hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
                           fresh=True, audit_as=event)
-    with connection.cursor() as cursor:  # plain SQL: this runs while the org's rows are locked
-        cursor.execute(f'UPDATE {Job._meta.db_table} SET "{_CURRENT_HOLD}" = %s WHERE id = %s',  # noqa: S608
-                       [hold.pk, job.pk])
+    pointer = (_SET_POINTER, [hold.pk, job.pk])
+    if deferred_writes is not None:
+        deferred_writes.append(pointer)
+    else:
+        with connection.cursor() as cursor:  # plain SQL: this runs while the org's rows are locked
+            cursor.execute(*pointer)
     job.current_hold = hold
     transaction.on_commit(_schedule_soon)
     return job

@@ -118,3 +118,37 @@ def test_expired_idempotency_records_are_reaped(api: APIClient, job_body: Any) -
     assert reap_idempotency_records() == 1
     assert reap_idempotency_keys() == 0
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["new"]
+
+
+def test_bearer_api_calls_skip_browser_middleware(tenant: Tenant, api: APIClient) -> None:
+    response = api.get("/api/v1/jobs")
+    assert response.status_code == 200
+    assert "sessionid" not in response.cookies and not hasattr(response.wsgi_request, "session")
+    browser = APIClient()
+    browser.force_login(tenant.user)
+    response = browser.get("/api/v1/jobs")
+    assert response.status_code == 200 and hasattr(response.wsgi_request, "session")
+
+
+def test_session_api_post_still_needs_csrf(tenant: Tenant, job_body: Any) -> None:
+    browser = APIClient(enforce_csrf_checks=True)
+    browser.force_login(tenant.user)
+    response = browser.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="c")
+    assert response.status_code == 403
+
+
+def test_submission_key_limit_charges_refused_requests_and_not_the_org(
+    tenant: Tenant, api: APIClient, job_body: Any, settings: Any
+) -> None:
+    settings.API_RATE_LIMITS = {"default": {"key": "2/minute", "org": "2/minute"}}
+    bad = api.post("/api/v1/jobs", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="bad")
+    assert bad.status_code == 400  # refused before the gate: still charged to the key
+    assert api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="a").status_code == 201
+    response = api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="b")
+    assert response.status_code == 429 and "per key" in response.json()["detail"]
+    # The key's refusal charged no org slot: another key of the org still gets the last one.
+    from tests.api.conftest import client_for
+    other = client_for(tenant.user)
+    assert other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="c").status_code == 201
+    response = other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="d")
+    assert response.status_code == 429 and "per org" in response.json()["detail"]
