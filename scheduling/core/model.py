@@ -153,7 +153,7 @@ class Config:
     fairshare_weight: float = 0.3
     size_weight: float = 0.65
     """Weight of the small-request factor (requested GPU x wall time), Slurm's job-size factor."""
-    aging_seconds_per_class: float = 24 * 3600.0
+    aging_seconds_per_class: float = 7 * 24 * 3600.0
     """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
     slow_type_wait_factor: float = 0.5
     """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
