@@ -180,10 +180,10 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     for row in JobAttempt.objects.filter(state__in=LIVE).values_list(
         "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
-        "stop_requested_at",
+        "stop_requested_at", "job__submitted_at",
     ).order_by("id"):
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
-         started, scheduled, wall, stop_at) = row
+         started, scheduled, wall, stop_at, submitted) = row
         orgs[attempt_id] = org_id
         running.append(
             core.RunningJob(
@@ -201,6 +201,8 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 started_at=epoch(started or scheduled),
                 max_wall_seconds=float(wall),
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
+                # The core's victim rule compares queue positions, i.e. submission times.
+                submitted_at=epoch(submitted),
             )
         )
     return nodes, tuple(running), orgs

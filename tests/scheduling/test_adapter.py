@@ -73,6 +73,9 @@ def test_snapshot_loads_what_is_in_the_db(
     assert (running.id, running.attempt_id, running.allocations) == (
         runner.pk, attempt.pk, ((fleet["node"].pk, (0, 1)),),
     )
+    # Queue position (submission time), not start time, decides whether a victim would requeue
+    # behind its preemptor.
+    assert running.submitted_at == pytest.approx(runner.submitted_at.timestamp())
     assert {p.id: p.budget_ok for p in snap.pending} == {waiting.pk: True, unfunded.pk: False}
     assert snap.usage.org[org.pk] == pytest.approx(7200, rel=0.01)  # GPU-seconds, barely decayed
     assert snap.shares.org == {org.pk: 3}
