@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from config.errors import DomainError
+from ledger.retry import RETRYABLE_SQLSTATES, sqlstate_of
 from metering import conf, metrics
 from metering.heartbeats import MAX_BIGINT, HeartbeatItem
 from metering.reports import ExitReport, assignments, report_exit, report_started
@@ -24,7 +25,8 @@ from metering.services import ingest_heartbeats
 from scheduling.models import Node
 from scheduling.services.nodes import authenticate_node, register_node
 
-RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+# Conflicts worth a retry by the agent: the ledger's, plus lock_not_available (a lock timeout).
+AGENT_RETRYABLE_SQLSTATES = RETRYABLE_SQLSTATES | {"55P03"}
 View = Callable[..., HttpResponse]
 
 
@@ -42,14 +44,6 @@ class BadRequest(DomainError):
     type = "invalid-agent-request"
     status = 400
     title = "Invalid request"
-
-
-def _sqlstate(error: BaseException) -> str | None:
-    for candidate in (error, error.__cause__):
-        state = getattr(candidate, "sqlstate", None)
-        if state:
-            return str(state)
-    return None
 
 
 def agent_view(*methods: str) -> Callable[[View], View]:
@@ -76,7 +70,7 @@ def agent_view(*methods: str) -> Callable[[View], View]:
             except DomainError as error:
                 return problem(error.status, error.type, error.title, error.detail, **error.extra)
             except DatabaseError as error:
-                if _sqlstate(error) in RETRYABLE_SQLSTATES:
+                if sqlstate_of(error) in AGENT_RETRYABLE_SQLSTATES:
                     return problem(503, "conflict-retry", "Busy", "A concurrent update won; retry.")
                 raise
 
