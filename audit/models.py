@@ -29,6 +29,9 @@ class AuditEvent(models.Model):
     seq = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # How `hash` was computed (audit/chain.py): 1 = Python canonical JSON (`event_digest`),
+    # 2 = PostgreSQL's jsonb text (`event_digest_v2`, written by the ledger's SQL functions).
+    hash_format = models.PositiveSmallIntegerField(default=1, db_default=1)
 
     class Meta:
         constraints = [

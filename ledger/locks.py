@@ -50,6 +50,11 @@ _LOCK_LINES_SQL = (
 )
 
 
+def hold_from_row(values: Sequence[Any]) -> Hold:
+    """A Hold from its columns in model field order (e.g. a `ledger_hold` composite expanded)."""
+    return _instance(Hold, values)
+
+
 def lock_hold(hold_id: int) -> Hold:
     """Lock one hold row and return its current (re-read) state."""
     return Hold.objects.select_for_update(of=("self",)).get(pk=hold_id)

@@ -17,6 +17,7 @@ from ledger.errors import HoldNotActive, IdempotencyConflict, InsufficientCredit
 from ledger.locks import lock_bucket_queryset, lock_eligible_buckets_sql, lock_hold_with_clock
 from ledger.models import Bucket, Hold, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
+from ledger.services import _sql
 from ledger.services._journal import (
     AVAILABLE,
     HELD,
@@ -223,6 +224,12 @@ def _place_hold(
     types = sorted(set(gpu_types)) if gpu_types_checked else check_gpu_types(gpu_types)
     user_id = user.pk if user is not None else None
     params = _place_params(amount, project_id, user_id, types, reference)
+    if _sql.enabled():  # PostgreSQL: one function call locks, decides, writes and audits
+        placed = _sql.place_hold(
+            org_id=org.pk, project_id=project_id, user_id=user_id, key=key, reference=reference,
+            types=types, amount=amount, params=params, actor=actor, audit_as=audit_as,
+        )
+        return placed or _replay_hold(Hold.objects.get(org_id=org.pk, key=key), params)
     hold = Hold(
         org_id=org.pk, project_id=project_id, user_id=user_id, key=key, reference=reference,
         gpu_types=types,

@@ -37,6 +37,7 @@ from ledger.locks import (
 )
 from ledger.models import Account, Hold, HoldLine, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
+from ledger.services import _sql
 from ledger.services._journal import (
     AVAILABLE,
     HELD,
@@ -135,6 +136,8 @@ def capture(*, hold: Hold, amount: int, key: str, actor: Any = None, reason: str
     """Move `amount` of the hold to `consumption` (partial, repeatable, never beyond the hold)."""
     check_amount(amount)
     txn_key = f"capture:{hold.pk}:{key}"
+    if _sql.enabled():  # PostgreSQL: one function call locks, decides, writes and audits
+        return _sql.capture(hold_id=hold.pk, amount=amount, txn_key=txn_key, actor=actor, reason=reason)
     locked, clock = lock_hold_with_clock(hold.pk)
     # The replay lookup rides on the line/bucket lock (taken after the hold lock, so it sees a
     # same-key writer that committed while we waited); look it up only if it may exist.
@@ -177,6 +180,9 @@ def release_partial(
 def release_hold(*, hold: Hold, key: str | None = None, actor: Any = None, reason: str = "") -> Hold:
     """Release the whole remainder to its origin buckets (or expiry) and settle the hold."""
     txn_key = f"release:{hold.pk}:{key or 'final'}"
+    if _sql.enabled():  # PostgreSQL: one function call locks, decides, writes and audits
+        return _sql.release_hold(hold_id=hold.pk, txn_key=txn_key, check_replay=key is not None,
+                                 actor=actor, reason=reason)
     params = {"final": True}
     locked, clock = lock_hold_with_clock(hold.pk)
     lines, maybe_replay = lock_open_lines_seeing_key(locked, txn_key)

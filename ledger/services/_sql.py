@@ -1,0 +1,165 @@
+"""The PostgreSQL hot path: place a hold, capture, release a hold -- one function call each.
+
+`ledger_place_hold`, `ledger_capture` and `ledger_release_hold` (ledger/migrations/0005) lock,
+re-read, decide, write the journal and append the audit event in one round trip, with plans
+cached per connection (docs/decisions/0003-ledger-hot-path-in-sql.md). The services in
+`holds.py` / `settlement.py` stay the public entry points: they validate the input, call these
+wrappers inside their own `transaction.atomic()` (so retries, savepoints and `on_commit` work as
+before) and turn a returned status into the same typed errors as the Python decision path, which
+is still what runs on other databases (the embedded SQLite mode) or with `ENABLED = False`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.db import connection
+
+from config import metrics
+from config.request_context import current_request_id
+from ledger.clock import clock_offset
+from ledger.errors import CaptureExceedsHold, HoldNotActive, InsufficientCredits
+from ledger.locks import hold_from_row
+from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
+from ledger.services._journal import CallerEvent, actor_fields, replay
+
+# A/B switch (benchmarks, tests): False runs the Python decision path on PostgreSQL too.
+ENABLED = True
+
+_N_HOLD = len(Hold._meta.concrete_fields)
+_PLACE_SQL = (
+    "SELECT * FROM ledger_place_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_CAPTURE_SQL = "SELECT * FROM ledger_capture(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# The hold's columns in model field order (the table's own order may differ).
+_RELEASE_SQL = (
+    "SELECT f.o_status, f.o_amount, "  # noqa: S608 -- column names of the model only
+    + ", ".join(f'(f.o_hold)."{f.column}"' for f in Hold._meta.concrete_fields)
+    + " FROM ledger_release_hold(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS f"
+)
+
+
+def enabled() -> bool:
+    return ENABLED and connection.vendor == "postgresql"
+
+
+def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
+    """Run `sql` as a server-side prepared statement on Django's connection; its one row.
+
+    Django's psycopg cursors bind parameters client-side and so never prepare; a plain
+    psycopg cursor on the same connection (inside the caller's atomic block) does.
+    Database errors are wrapped as Django's, so `retry_on_conflict` sees 40001/40P01.
+    """
+    start = time.monotonic() if connection.queries_logged else 0.0
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        row = cursor.fetchone()
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": f"{sql} -- {list(params)!r}", "time": f"{time.monotonic() - start:.3f}"}
+        )
+    assert row is not None  # a function call always returns its one row
+    return row
+
+
+def _saved(instance: Any) -> Any:
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
+def place_hold(
+    *, org_id: int, project_id: int | None, user_id: int | None, key: str, reference: str,
+    types: list[str], amount: int, params: dict[str, Any], actor: Any, audit_as: CallerEvent | None,
+) -> Hold | None:
+    """Insert the hold, fund it and audit it; None when (org, key) exists (the caller replays)."""
+    actor_type, actor_id = actor_fields(actor)
+    if audit_as is None:  # the ledger's own event: subject = the hold (filled in by SQL)
+        action, subject_type, subject_id = "ledger.hold", "ledger.hold", None
+        reason_code, data = TransactionKind.HOLD.value, {"reason": ""}
+    else:
+        action, subject_type, subject_id = audit_as.action, audit_as.subject_type, str(audit_as.subject_id)
+        reason_code = audit_as.reason_code or TransactionKind.HOLD.value
+        data = {**audit_as.data, "ledger": "ledger.hold"}
+    request_id = current_request_id()
+    hold_id, created_at, txn_id, available = _call(_PLACE_SQL, [
+        org_id, project_id, user_id, key, reference, json.dumps(types), amount, clock_offset(),
+        json.dumps(params), request_id, actor_type, actor_id, action, subject_type, subject_id,
+        reason_code, json.dumps(data),
+    ])
+    if hold_id is None:
+        return None
+    if txn_id is None:
+        raise InsufficientCredits(needed=amount, available=available)
+    metrics.ledger_movement(kind=TransactionKind.HOLD, amount=amount, settled=False)
+    return _saved(Hold(
+        id=hold_id, org_id=org_id, project_id=project_id, user_id=user_id, key=key,
+        reference=reference, gpu_types=types, state=HoldState.ACTIVE, authorized=amount,
+        captured=0, released=0, created_at=created_at,
+    ))
+
+
+def capture(*, hold_id: int, amount: int, txn_key: str, actor: Any, reason: str) -> LedgerTransaction:
+    params = {"amount": amount}
+    actor_type, actor_id = actor_fields(actor)
+    request_id = current_request_id()
+    status, org_id, state, remaining, txn_id, created_at = _call(_CAPTURE_SQL, [
+        hold_id, amount, txn_key, clock_offset(), json.dumps(params), reason, request_id,
+        actor_type, actor_id,
+    ])
+    if status == "ok":
+        metrics.ledger_movement(kind=TransactionKind.CAPTURE, amount=amount, settled=False)
+        return _txn(txn_id, org_id, TransactionKind.CAPTURE, txn_key, hold_id, created_at, reason,
+                    amount, params, request_id)
+    if status == "replay":
+        previous = replay(org_id=org_id, key=txn_key, kind=TransactionKind.CAPTURE, params=params)
+        assert previous is not None  # seen under the hold lock; the journal is append-only
+        return previous
+    _refuse(status, hold_id, state, amount, remaining)
+    raise AssertionError("unreachable")
+
+
+def release_hold(*, hold_id: int, txn_key: str, check_replay: bool, actor: Any, reason: str) -> Hold:
+    params = {"final": True}
+    actor_type, actor_id = actor_fields(actor)
+    row = _call(_RELEASE_SQL, [
+        hold_id, txn_key, check_replay, clock_offset(), json.dumps(params), reason,
+        current_request_id(), actor_type, actor_id,
+    ])
+    status, amount = row[0], row[1]
+    if status == "missing":
+        _refuse(status, hold_id, "", 0, 0)
+    hold = hold_from_row(row[2:2 + _N_HOLD])
+    if status == "ok":
+        metrics.ledger_movement(kind=TransactionKind.RELEASE, amount=amount, settled=True)
+    elif status == "replay":
+        replay(org_id=hold.org_id, key=txn_key, kind=TransactionKind.RELEASE, params=params)
+    else:
+        _refuse(status, hold_id, hold.state, 0, hold.remaining)
+    return hold
+
+
+def _txn(
+    pk: int, org_id: int, kind: str, key: str, hold_id: int, created_at: datetime, memo: str,
+    amount: int, params: dict[str, Any], request_id: str,
+) -> LedgerTransaction:
+    return _saved(LedgerTransaction(
+        id=pk, org_id=org_id, kind=kind, key=key, hold_id=hold_id, created_at=created_at, memo=memo,
+        amount=amount, params=params, request_id=request_id,
+    ))
+
+
+def _refuse(status: str, hold_id: int, state: str, amount: int, remaining: int) -> None:
+    if status == "missing":
+        raise Hold.DoesNotExist(f"Hold {hold_id} does not exist.")
+    if status == "inactive":
+        raise HoldNotActive(f"Hold {hold_id} is {state}.", hold=hold_id)
+    if status == "exceeds":
+        raise CaptureExceedsHold(requested=amount, remaining=remaining)
+    raise RuntimeError(f"unknown ledger function status {status!r}")
+
