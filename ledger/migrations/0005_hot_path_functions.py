@@ -7,7 +7,10 @@ decide after re-reading under them, write with conditional UPDATEs (a short row 
 SQLSTATE GB000, "invariant broken under lock", which rolls everything back), insert the balanced
 journal transaction, and append the operation's format-2 audit event (`audit_append_v2`). Rule
 violations are not exceptions: the function returns a status and the Python service raises the
-typed error, which rolls the transaction (or its savepoint) back as before.
+typed error, which rolls the transaction (or its savepoint) back as before; the one refusal that
+comes after a write (insufficient credits, after the hold row is inserted) is raised as SQLSTATE
+GB402 with the available amount as DETAIL, so the statement leaves nothing behind even when it
+is its own transaction (autocommit).
 
 The functions are called as server-side prepared statements (ledger/services/_sql.py), so their
 plans and the plans of the statements inside them are cached per connection.
@@ -68,8 +71,9 @@ BEGIN
                     FILTER (WHERE before < p_amount), '{}')
     INTO o_available, v_ids, v_takes
     FROM ordered;
-    IF o_available < p_amount THEN
-        RETURN;  -- o_txn NULL: insufficient credits; the caller raises and rolls back
+    IF o_available < p_amount THEN  -- all-or-nothing: undo the hold row too
+        RAISE EXCEPTION 'insufficient credits: needs %, % available', p_amount, o_available
+            USING ERRCODE = 'GB402', DETAIL = o_available::text;
     END IF;
     UPDATE ledger_bucket b SET available = b.available - u.take, held = b.held + u.take
     FROM unnest(v_ids, v_takes) AS u(id, take)

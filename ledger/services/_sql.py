@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 from config import metrics
 from config.request_context import current_request_id
@@ -26,7 +27,11 @@ from ledger.clock import clock_offset
 from ledger.errors import CaptureExceedsHold, HoldNotActive, InsufficientCredits
 from ledger.locks import hold_from_row
 from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
+from ledger.retry import sqlstate_of
 from ledger.services._journal import CallerEvent, actor_fields, replay
+
+# SQLSTATE of `ledger_place_hold`'s refusal (DETAIL: the available amount).
+INSUFFICIENT_CREDITS = "GB402"
 
 # A/B switch (benchmarks, tests): False runs the Python decision path on PostgreSQL too.
 ENABLED = True
@@ -48,6 +53,21 @@ def enabled() -> bool:
     return ENABLED and connection.vendor == "postgresql"
 
 
+def scope(*, savepoint: bool = True) -> AbstractContextManager[Any]:
+    """The transaction a hot-path call runs in.
+
+    Nested in a caller's transaction: `atomic()` as always (a savepoint unless told otherwise).
+    Outermost: none of its own -- the function call is one statement, so in autocommit it is
+    its own transaction. That saves the BEGIN and COMMIT round trips, and the row locks are held
+    only while PostgreSQL runs the statement and commits it, never while this thread waits for
+    the GIL. Everything the statement decides is all-or-nothing (a refusal after a write is
+    raised inside it), and `on_commit` callbacks then run right after it, as after a COMMIT.
+    """
+    if not connection.in_atomic_block and connection.get_autocommit():
+        return nullcontext()
+    return transaction.atomic(savepoint=savepoint)
+
+
 def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     """Run `sql` as a server-side prepared statement on Django's connection; its one row.
 
@@ -55,6 +75,7 @@ def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     psycopg cursor on the same connection (inside the caller's atomic block) does.
     Database errors are wrapped as Django's, so `retry_on_conflict` sees 40001/40P01.
     """
+    connection.ensure_connection()
     start = time.monotonic() if connection.queries_logged else 0.0
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)
@@ -86,16 +107,18 @@ def place_hold(
         action, subject_type, subject_id = audit_as.action, audit_as.subject_type, str(audit_as.subject_id)
         reason_code = audit_as.reason_code or TransactionKind.HOLD.value
         data = {**audit_as.data, "ledger": "ledger.hold"}
-    request_id = current_request_id()
-    hold_id, created_at, txn_id, available = _call(_PLACE_SQL, [
-        org_id, project_id, user_id, key, reference, json.dumps(types), amount, clock_offset(),
-        json.dumps(params), request_id, actor_type, actor_id, action, subject_type, subject_id,
-        reason_code, json.dumps(data),
-    ])
+    try:
+        hold_id, created_at, _, _ = _call(_PLACE_SQL, [
+            org_id, project_id, user_id, key, reference, json.dumps(types), amount, clock_offset(),
+            json.dumps(params), current_request_id(), actor_type, actor_id, action, subject_type,
+            subject_id, reason_code, json.dumps(data),
+        ])
+    except DatabaseError as error:
+        if sqlstate_of(error) != INSUFFICIENT_CREDITS:
+            raise
+        raise InsufficientCredits(needed=amount, available=int(error.__cause__.diag.message_detail)) from None
     if hold_id is None:
         return None
-    if txn_id is None:
-        raise InsufficientCredits(needed=amount, available=available)
     metrics.ledger_movement(kind=TransactionKind.HOLD, amount=amount, settled=False)
     return _saved(Hold(
         id=hold_id, org_id=org_id, project_id=project_id, user_id=user_id, key=key,

@@ -207,7 +207,7 @@ def place_hold(
     `savepoint=False` (nested in a caller's transaction): no savepoint round trips; a refusal then
     dooms the caller's whole transaction, which is what job submission wants anyway.
     """
-    with transaction.atomic(savepoint=savepoint):
+    with _sql.scope(savepoint=savepoint) if _sql.enabled() else transaction.atomic(savepoint=savepoint):
         return _place_hold(
             org=org, amount=amount, key=key, project=project, user=user, gpu_types=gpu_types,
             reference=reference, actor=actor, audit_as=audit_as, gpu_types_checked=gpu_types_checked,

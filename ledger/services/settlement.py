@@ -131,13 +131,19 @@ def _require_active(hold: Hold) -> None:
 
 
 @retry_on_conflict()
-@transaction.atomic
 def capture(*, hold: Hold, amount: int, key: str, actor: Any = None, reason: str = "") -> LedgerTransaction:
     """Move `amount` of the hold to `consumption` (partial, repeatable, never beyond the hold)."""
     check_amount(amount)
     txn_key = f"capture:{hold.pk}:{key}"
     if _sql.enabled():  # PostgreSQL: one function call locks, decides, writes and audits
-        return _sql.capture(hold_id=hold.pk, amount=amount, txn_key=txn_key, actor=actor, reason=reason)
+        with _sql.scope():
+            return _sql.capture(hold_id=hold.pk, amount=amount, txn_key=txn_key, actor=actor,
+                                reason=reason)
+    with transaction.atomic():
+        return _capture_orm(hold, amount, txn_key, actor, reason)
+
+
+def _capture_orm(hold: Hold, amount: int, txn_key: str, actor: Any, reason: str) -> LedgerTransaction:
     locked, clock = lock_hold_with_clock(hold.pk)
     # The replay lookup rides on the line/bucket lock (taken after the hold lock, so it sees a
     # same-key writer that committed while we waited); look it up only if it may exist.
@@ -176,13 +182,18 @@ def release_partial(
 
 
 @retry_on_conflict()
-@transaction.atomic
 def release_hold(*, hold: Hold, key: str | None = None, actor: Any = None, reason: str = "") -> Hold:
     """Release the whole remainder to its origin buckets (or expiry) and settle the hold."""
     txn_key = f"release:{hold.pk}:{key or 'final'}"
     if _sql.enabled():  # PostgreSQL: one function call locks, decides, writes and audits
-        return _sql.release_hold(hold_id=hold.pk, txn_key=txn_key, check_replay=key is not None,
-                                 actor=actor, reason=reason)
+        with _sql.scope():
+            return _sql.release_hold(hold_id=hold.pk, txn_key=txn_key, check_replay=key is not None,
+                                     actor=actor, reason=reason)
+    with transaction.atomic():
+        return _release_hold_orm(hold, key, txn_key, actor, reason)
+
+
+def _release_hold_orm(hold: Hold, key: str | None, txn_key: str, actor: Any, reason: str) -> Hold:
     params = {"final": True}
     locked, clock = lock_hold_with_clock(hold.pk)
     lines, maybe_replay = lock_open_lines_seeing_key(locked, txn_key)
