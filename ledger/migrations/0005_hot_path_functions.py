@@ -24,6 +24,43 @@ SPEND_REVERSED = (
     "expires_at IS NULL DESC, expires_at DESC, kind <> 'promotional' DESC, effective_at DESC, {id} DESC"
 )
 
+# Fragments shared by the functions below (formatted in with str.replace, so "%" and braces in
+# the PL/pgSQL stay as they are).
+CHECK_BUCKETS = """GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count <> cardinality(ARRAY) THEN
+        RAISE EXCEPTION 'ledger write under lock: % of % buckets', v_count, cardinality(ARRAY)
+            USING ERRCODE = 'GB000';
+    END IF;"""
+INSERT_TXN = """INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
+                                          params, request_id)"""
+# The hold's open lines, their buckets locked by id (re-reading the lines), with what each holds.
+OPEN_LINES = """WITH locked AS MATERIALIZED (
+        SELECT l.id, l.bucket_id, l.authorized - l.captured - l.released AS open,
+               b.expires_at, b.kind, b.effective_at
+        FROM ledger_holdline l JOIN ledger_bucket b ON b.id = l.bucket_id
+        WHERE l.hold_id = p_hold AND l.authorized > l.captured + l.released
+        ORDER BY l.bucket_id, l.id FOR UPDATE OF b
+    )"""
+LINES_SHORT = """IF v_open < AMOUNT THEN
+        RAISE EXCEPTION 'hold %: open lines hold % of the % needed', p_hold, v_open, AMOUNT
+            USING ERRCODE = 'GB000';
+    END IF;"""
+
+
+def expand(sql: str, **spend: str) -> str:
+    """Put the shared fragments (and the spend order sort) into a function's text."""
+    for name, text in {
+        "CHECK_V_IDS": CHECK_BUCKETS.replace("ARRAY", "v_ids"),
+        "CHECK_V_BUCKETS": CHECK_BUCKETS.replace("ARRAY", "v_buckets"),
+        "INSERT_TXN": INSERT_TXN,
+        "OPEN_LINES": OPEN_LINES,
+        "LINES_SHORT_CAPTURE": LINES_SHORT.replace("AMOUNT", "p_amount"),
+        "LINES_SHORT_RELEASE": LINES_SHORT.replace("AMOUNT", "o_amount"),
+        **spend,
+    }.items():
+        sql = sql.replace(name, text)
+    return sql
+
 PLACE = r"""
 CREATE OR REPLACE FUNCTION ledger_place_hold(
     p_org bigint, p_project bigint, p_user bigint, p_key text, p_reference text, p_gpu_types jsonb,
@@ -78,16 +115,11 @@ BEGIN
     UPDATE ledger_bucket b SET available = b.available - u.take, held = b.held + u.take
     FROM unnest(v_ids, v_takes) AS u(id, take)
     WHERE b.id = u.id AND b.available >= u.take;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count <> cardinality(v_ids) THEN
-        RAISE EXCEPTION 'ledger write under lock: % of % buckets', v_count, cardinality(v_ids)
-            USING ERRCODE = 'GB000';
-    END IF;
+    CHECK_V_IDS
     INSERT INTO ledger_holdline (hold_id, bucket_id, authorized, captured, released)
     SELECT o_hold, u.id, u.take, 0, 0
     FROM unnest(v_ids, v_takes) WITH ORDINALITY AS u(id, take, n) ORDER BY u.n;
-    INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
-                                          params, request_id)
+    INSERT_TXN
     VALUES (p_org, 'hold', v_key, o_hold, v_now, p_reference, p_amount, p_params, p_request_id)
     RETURNING id INTO o_txn;
     INSERT INTO ledger_posting (transaction_id, org_id, account, bucket_id, amount)
@@ -108,7 +140,7 @@ BEGIN
         p_request_id);
 END
 $$;
-""".replace("SPEND_BUCKET", SPEND.format(id="id"))
+"""
 
 CAPTURE = r"""
 CREATE OR REPLACE FUNCTION ledger_capture(
@@ -150,13 +182,7 @@ BEGIN
         RETURN;
     END IF;
     -- Lock the open lines' buckets by id (re-reading the lines), draw in spend order.
-    WITH locked AS MATERIALIZED (
-        SELECT l.id, l.bucket_id, l.authorized - l.captured - l.released AS open,
-               b.expires_at, b.kind, b.effective_at
-        FROM ledger_holdline l JOIN ledger_bucket b ON b.id = l.bucket_id
-        WHERE l.hold_id = p_hold AND l.authorized > l.captured + l.released
-        ORDER BY l.bucket_id, l.id FOR UPDATE OF b
-    ), ordered AS (
+    OPEN_LINES, ordered AS (
         SELECT id, bucket_id, open, (sum(open) OVER w)::bigint - open AS before, row_number() OVER w AS n
         FROM locked WINDOW w AS (ORDER BY SPEND_LINE ROWS UNBOUNDED PRECEDING)
     )
@@ -167,23 +193,15 @@ BEGIN
                     FILTER (WHERE before < p_amount), '{}')
     INTO v_open, v_lines, v_buckets, v_takes
     FROM ordered;
-    IF v_open < p_amount THEN
-        RAISE EXCEPTION 'hold %: lines hold % for a remainder of %', p_hold, v_open, o_remaining
-            USING ERRCODE = 'GB000';
-    END IF;
+    LINES_SHORT_CAPTURE
     UPDATE ledger_bucket b SET held = b.held - u.take, spent = b.spent + u.take
     FROM unnest(v_buckets, v_takes) AS u(id, take)
     WHERE b.id = u.id AND b.held >= u.take;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count <> cardinality(v_buckets) THEN
-        RAISE EXCEPTION 'ledger write under lock: % of % buckets', v_count, cardinality(v_buckets)
-            USING ERRCODE = 'GB000';
-    END IF;
+    CHECK_V_BUCKETS
     UPDATE ledger_holdline l SET captured = l.captured + u.take
     FROM unnest(v_lines, v_takes) AS u(id, take) WHERE l.id = u.id;
     UPDATE ledger_hold SET captured = captured + p_amount WHERE id = p_hold;
-    INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
-                                          params, request_id)
+    INSERT_TXN
     VALUES (h.org_id, 'capture', p_key, p_hold, v_now, p_memo, p_amount, p_params, p_request_id)
     RETURNING id INTO o_txn;
     INSERT INTO ledger_posting (transaction_id, org_id, account, bucket_id, amount)
@@ -201,7 +219,7 @@ BEGIN
     o_remaining := o_remaining - p_amount;
 END
 $$;
-""".replace("SPEND_LINE", SPEND.format(id="bucket_id"))
+"""
 
 RELEASE = r"""
 CREATE OR REPLACE FUNCTION ledger_release_hold(
@@ -240,13 +258,7 @@ BEGIN
     o_amount := o_hold.authorized - o_hold.captured - o_hold.released;
     -- Give everything back to the exact buckets, latest-expiring first; a part whose bucket has
     -- expired goes to expiry (DESIGN.md §4).
-    WITH locked AS MATERIALIZED (
-        SELECT l.id, l.bucket_id, l.authorized - l.captured - l.released AS open,
-               b.expires_at, b.kind, b.effective_at
-        FROM ledger_holdline l JOIN ledger_bucket b ON b.id = l.bucket_id
-        WHERE l.hold_id = p_hold AND l.authorized > l.captured + l.released
-        ORDER BY l.bucket_id, l.id FOR UPDATE OF b
-    ), ordered AS (
+    OPEN_LINES, ordered AS (
         SELECT id, bucket_id, open, expires_at IS NOT NULL AND expires_at <= v_now AS expired,
                (sum(open) OVER w)::bigint - open AS before, row_number() OVER w AS n
         FROM locked WINDOW w AS (ORDER BY SPEND_LINE_REVERSED ROWS UNBOUNDED PRECEDING)
@@ -259,28 +271,20 @@ BEGIN
            coalesce(array_agg(expired ORDER BY n) FILTER (WHERE before < o_amount), '{}')
     INTO v_open, v_lines, v_buckets, v_takes, v_expired
     FROM ordered;
-    IF v_open < o_amount THEN
-        RAISE EXCEPTION 'hold %: lines hold % for a remainder of %', p_hold, v_open, o_amount
-            USING ERRCODE = 'GB000';
-    END IF;
+    LINES_SHORT_RELEASE
     UPDATE ledger_bucket b SET
         held = b.held - u.take,
         available = b.available + CASE WHEN u.expired THEN 0 ELSE u.take END,
         expired = b.expired + CASE WHEN u.expired THEN u.take ELSE 0 END
     FROM unnest(v_buckets, v_takes, v_expired) AS u(id, take, expired)
     WHERE b.id = u.id AND b.held >= u.take;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count <> cardinality(v_buckets) THEN
-        RAISE EXCEPTION 'ledger write under lock: % of % buckets', v_count, cardinality(v_buckets)
-            USING ERRCODE = 'GB000';
-    END IF;
+    CHECK_V_BUCKETS
     UPDATE ledger_holdline l SET released = l.released + u.take
     FROM unnest(v_lines, v_takes) AS u(id, take) WHERE l.id = u.id;
     UPDATE ledger_hold SET released = released + o_amount, state = 'settled', settled_at = v_now
     WHERE id = p_hold AND state = 'active'
     RETURNING * INTO o_hold;
-    INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
-                                          params, request_id)
+    INSERT_TXN
     VALUES (o_hold.org_id, 'release', p_key, p_hold, v_now, p_memo, o_amount, p_params, p_request_id)
     RETURNING id INTO v_txn;
     SELECT coalesce(sum(u.take) FILTER (WHERE u.expired), 0) INTO v_to_expiry
@@ -307,7 +311,7 @@ BEGIN
     o_status := 'ok';
 END
 $$;
-""".replace("SPEND_LINE_REVERSED", SPEND_REVERSED.format(id="bucket_id"))
+"""
 
 DROP = """
 DROP FUNCTION IF EXISTS ledger_place_hold(bigint, bigint, bigint, text, text, jsonb, bigint, interval,
@@ -320,7 +324,11 @@ DROP FUNCTION IF EXISTS ledger_release_hold(bigint, text, boolean, interval, jso
 def forwards(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    for sql in (PLACE, CAPTURE, RELEASE):
+    for sql in (
+        expand(PLACE, SPEND_BUCKET=SPEND.format(id="id")),
+        expand(CAPTURE, SPEND_LINE=SPEND.format(id="bucket_id")),
+        expand(RELEASE, SPEND_LINE_REVERSED=SPEND_REVERSED.format(id="bucket_id")),
+    ):
         schema_editor.execute(sql, None)  # no parameters: "%" is plpgsql's, not a placeholder
 
 
