@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
@@ -50,6 +51,20 @@ class StoredResponse:
 
 def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder)
+
+
+_DJANGO_DEFAULT = DjangoJSONEncoder().default
+_STORE_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _stored_form(body: Any) -> tuple[str, Any]:
+    """(text to store, the body every replay renders): `canonical_json` and back, via orjson."""
+    try:
+        out = orjson.dumps(body, default=_DJANGO_DEFAULT, option=_STORE_OPTIONS)
+    except orjson.JSONEncodeError:  # e.g. integers beyond 64 bits: the stdlib path
+        text = canonical_json(body)
+        return text, json.loads(text)
+    return out.decode(), orjson.loads(out)
 
 
 def fingerprint(method: str, path: str, body: Any) -> str:
@@ -148,8 +163,7 @@ def run_idempotent(
                         deferred_writes.clear()  # a retried attempt starts over
                     status, body = effect()
                     # What we store is byte-for-byte what every replay will return.
-                    text = canonical_json(body)
-                    body = json.loads(text)
+                    text, body = _stored_form(body)
                     sql, params = _COMPLETE, [status, text, claimed]
                     for extra_sql, extra_params in deferred_writes or ():
                         sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]

@@ -1,17 +1,17 @@
 """A JSON parser that caps the body size before reading it (absurd payloads -> 400)."""
 
-import json
 from typing import Any
 
 from django.conf import settings
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 
+from config.api import fastjson
 from config.api.errors import PayloadTooLarge
 
 
 class BoundedJSONParser(parsers.JSONParser):
-    """Strict JSON (no NaN/Infinity), at most `API_MAX_BODY_BYTES` bytes."""
+    """Strict JSON (no NaN/Infinity), at most `API_MAX_BODY_BYTES` bytes (parsed by orjson)."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         limit: int = settings.API_MAX_BODY_BYTES
@@ -23,7 +23,7 @@ class BoundedJSONParser(parsers.JSONParser):
         if len(raw) > limit:
             raise PayloadTooLarge(f"The request body exceeds {limit} bytes.", max_bytes=limit)
         try:
-            return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+            return fastjson.loads(raw, parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as error:
             raise ParseError(f"Malformed JSON: {error}") from error
 

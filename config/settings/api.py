@@ -12,7 +12,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "config.api.pagination.ApiPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["config.api.fastjson.FastJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["config.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "config.api.exceptions.problem_exception_handler",
     # No OPTIONS metadata (it would describe objects outside the caller's tenancy).
