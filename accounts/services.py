@@ -60,6 +60,12 @@ def create_api_key(*, user: Any, name: str, expires_at: datetime | None = None) 
 def revoke_api_key(*, api_key: ApiKey, actor: Any = None) -> ApiKey:
     """Revoke a key (idempotent: revoking twice keeps the first revocation time)."""
     changed = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=db_now())
+    # This process's authentication cache drops the key now and after commit (a request racing
+    # the commit could re-cache the unrevoked row); other processes within API_KEY_CACHE_SECONDS.
+    from accounts.api.authentication import forget_api_key
+
+    forget_api_key(api_key.prefix)
+    transaction.on_commit(lambda: forget_api_key(api_key.prefix))
     if changed:
         record(action="accounts.api_key.revoke", subject_type="api_key", subject_id=api_key.pk,
                data={"prefix": api_key.prefix}, **_actor(actor))

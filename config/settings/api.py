@@ -62,3 +62,9 @@ API_RATE_LIMITS: dict[str, dict[str, str]] = env.json(
 )
 # An in-flight submission slot expires on its own after this long (a crashed worker's slot).
 API_INFLIGHT_TTL_SECONDS = env.int("API_INFLIGHT_TTL_SECONDS", default=60)
+
+# API keys are cached per process this long: a revocation elsewhere, a deactivated user or a
+# changed finance group takes effect within this window (expiry is exact). 0 disables the cache.
+API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
+# `ApiKey.last_used_at` is written at most once per this many seconds per key.
+API_KEY_TOUCH_SECONDS = env.float("API_KEY_TOUCH_SECONDS", default=60.0)
