@@ -3,6 +3,8 @@
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
+from rest_framework.settings import api_settings
 
 
 class StrictSerializer(serializers.Serializer):
@@ -61,3 +63,19 @@ class PageQuerySerializer(StrictSerializer):
 
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+
+
+def validated(serializer: serializers.Serializer, data: Any) -> Any:
+    """`is_valid(raise_exception=True)` + `validated_data` on a serializer built once, shared.
+
+    A serializer deep-copies its declared fields per instance (more CPU than validating a job
+    body); `run_validation` on a shared instance keeps no per-call state. The error raised is the
+    one `is_valid` raises (including its "No data provided" for a JSON `null` body).
+    """
+    try:
+        return serializer.run_validation(data)
+    except serializers.ValidationError as error:
+        detail = error.detail
+        if isinstance(detail, list) and len(detail) == 1 and getattr(detail[0], "code", None) == "null":
+            detail = {api_settings.NON_FIELD_ERRORS_KEY: [ErrorDetail("No data provided", code="null")]}
+        raise serializers.ValidationError(detail) from None

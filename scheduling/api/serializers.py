@@ -1,5 +1,7 @@
 """Job submission input (strict) and job output shapes."""
 
+from typing import Any
+
 from rest_framework import serializers
 
 from config.api.serializers import (
@@ -85,3 +87,38 @@ class JobListQuerySerializer(StrictSerializer):
     state = serializers.ChoiceField(required=False, choices=Job._meta.get_field("state").choices)
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+
+
+_DATETIME = serializers.DateTimeField(read_only=True)
+
+
+def _when(value: Any) -> Any:
+    return _DATETIME.to_representation(value) if value else None
+
+
+def render_hold_summary(hold: Hold) -> dict[str, Any]:
+    """`HoldSummarySerializer(hold).data`, written out (the submission path renders it per request;
+    tests/api/test_jobs_submit.py checks it stays equal to the serializer)."""
+    return {
+        "id": hold.pk, "state": str(hold.state), "authorized": int(hold.authorized),
+        "captured": int(hold.captured), "released": int(hold.released),
+        "remaining": int(hold.remaining), "created_at": _when(hold.created_at),
+        "settled_at": _when(hold.settled_at),
+    }
+
+
+def render_new_job(job: Job) -> dict[str, Any]:
+    """`JobDetailSerializer(job).data` for a job `submit_job` just inserted (no attempts; `hold`
+    is None until its hold exists), written out: DRF's generic field machinery costs more than
+    the rest of the submission's Python. Checked equal to the serializer in the API tests."""
+    return {
+        "id": job.pk, "org": job.org_id, "project": job.project_id, "user": job.user_id,
+        "name": str(job.name), "state": str(job.state), "gpu_types": job.gpu_types,
+        "gpu_count": int(job.gpu_count), "gpu_memory_gb": int(job.gpu_memory_gb),
+        "max_wall_seconds": int(job.max_wall_seconds), "priority_class": str(job.priority_class.name),
+        "preemptible": bool(job.preemptible), "command": str(job.command), "regions": job.regions,
+        "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
+        "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
+        "attempt_count": int(job.attempt_count), "submitted_at": _when(job.submitted_at),
+        "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],
+    }

@@ -13,22 +13,23 @@ from rest_framework.response import Response
 from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
+from config.api.serializers import validated
 from scheduling.api.serializers import (
-    HoldSummarySerializer,
     JobDetailSerializer,
     JobListQuerySerializer,
     JobSerializer,
     JobSubmitSerializer,
+    render_hold_summary,
+    render_new_job,
 )
 from scheduling.models import Job
 from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
 
-# Output-only serializers, built once: DRF builds a serializer's fields per instance, which cost
-# more than rendering one job. `to_representation` keeps no per-call state, so sharing is safe.
-_JOB_DETAIL = JobDetailSerializer()
-_HOLD_SUMMARY = HoldSummarySerializer()
-_JOB_DETAIL.fields, _HOLD_SUMMARY.fields  # noqa: B018 (build the fields now, not racing on first use)
+# The submission body's serializer, built once: DRF builds a serializer's fields per instance
+# (deep copies), which cost more than validating one body. See `config.api.serializers.validated`.
+_JOB_SUBMIT = JobSubmitSerializer()
+_JOB_SUBMIT.fields  # noqa: B018 (build the fields now, not racing on first use)
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
@@ -79,9 +80,7 @@ class JobListCreateView(GenericAPIView):
     def post(self, request: Request) -> Response:
         try:
             key = key_of(request)
-            body = JobSubmitSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
-            data = body.validated_data
+            data = validated(_JOB_SUBMIT, request.data)
             project = get_visible_project_for_submit(request.user, data["project"])
         except Exception:
             # As if the throttle had charged the key first: over the limit answers 429.
@@ -99,7 +98,7 @@ class JobListCreateView(GenericAPIView):
         def render(job: Job) -> None:
             # Rendered before the org's budget and bucket rows are locked; only the hold's
             # summary is added once it exists (nothing else about the job changes after this).
-            body.update(_JOB_DETAIL.to_representation(job))
+            body.update(render_new_job(job))
 
         # The job's hold pointer is written with the idempotency record's completion (one round
         # trip, same transaction).
@@ -108,7 +107,7 @@ class JobListCreateView(GenericAPIView):
         def effect() -> tuple[int, Any]:
             job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key,
                              on_inserted=render, deferred_writes=deferred)
-            body["hold"] = _HOLD_SUMMARY.to_representation(job.current_hold)
+            body["hold"] = render_hold_summary(job.current_hold)
             return 201, body
 
         with submission_gate(request, org_id=project.org_id, cap=project.org.max_inflight_submissions,
