@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -40,7 +41,7 @@ LOCK_NOT_AVAILABLE = "55P03"
 MAX_KEY_LENGTH = 255
 RETRIES = 4
 
-Effect = Callable[[], tuple[int, Any]]
+Effect = Callable[..., tuple[int, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +94,13 @@ INSERT INTO accounts_idempotencyrecord
     (principal, key, fingerprint, state, created_at, expires_at)
 VALUES (%s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s))
 ON CONFLICT (principal, key) DO NOTHING
-RETURNING id
+RETURNING id, now()
 """
 
 
-def _claim(principal: str, key: str, fp: str) -> int | StoredResponse:
-    """Insert the in-flight record (returns its id) or return the stored response to replay."""
+def _claim(principal: str, key: str, fp: str) -> tuple[int, datetime] | StoredResponse:
+    """Insert the in-flight record (returns its id and the transaction's `now()`, which
+    `config.clock.db_now` would read) or return the stored response to replay."""
     ttl = int(settings.IDEMPOTENCY_KEY_TTL_SECONDS)
     wait_ms = int(settings.IDEMPOTENCY_LOCK_WAIT_MS)
     with connection.cursor() as cursor:
@@ -113,7 +115,7 @@ def _claim(principal: str, key: str, fp: str) -> int | StoredResponse:
         cursor.nextset()
         row = cursor.fetchone()
         if row is not None:
-            return int(row[0])
+            return int(row[0]), row[1]
     existing = (
         IdempotencyRecord.objects.filter(principal=principal, key=key)
         .values_list("fingerprint", "state", "response_status", "response_body")
@@ -141,13 +143,33 @@ _COMPLETE = (
 )
 
 
+def _commit_inline() -> bool:
+    """Whether the completion's round trip may carry the COMMIT too: PostgreSQL, and our atomic
+    block is the outermost one (not inside a caller's or a test's transaction)."""
+    return (
+        bool(getattr(settings, "IDEMPOTENCY_COMMIT_INLINE", True))
+        and connection.vendor == "postgresql"
+        and len(connection.atomic_blocks) == 1
+        and not connection.savepoint_ids
+        and not connection.needs_rollback
+    )
+
+
 def run_idempotent(
     request: Request, effect: Effect, *, deferred_writes: list[tuple[str, list[Any]]] | None = None,
+    pass_now: bool = False,
 ) -> Response:
     """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response.
 
     `deferred_writes`: statements (sql, params) the effect appended to this list; they run in
     the same transaction, in the same round trip as the record's completion (after it).
+    `pass_now`: call `effect(now)` with the transaction's `now()` (read with the claim).
+
+    When this is the outermost transaction (PostgreSQL), that same round trip ends with the
+    COMMIT: psycopg then finds the connection idle and Django's commit at the end of the atomic
+    block sends nothing; on_commit hooks still run after it. A failing COMMIT (e.g. a deferred
+    constraint) raises inside the block, which rolls back as before. This keeps an org's hot
+    rows (locked by the effect) locked one round trip less.
     """
     key = key_of(request)
     principal = principal_of(request)
@@ -161,12 +183,15 @@ def run_idempotent(
                 else:
                     if deferred_writes:
                         deferred_writes.clear()  # a retried attempt starts over
-                    status, body = effect()
+                    record_id, now = claimed
+                    status, body = effect(now) if pass_now else effect()
                     # What we store is byte-for-byte what every replay will return.
                     text, body = _stored_form(body)
-                    sql, params = _COMPLETE, [status, text, claimed]
+                    sql, params = _COMPLETE, [status, text, record_id]
                     for extra_sql, extra_params in deferred_writes or ():
                         sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]
+                    if _commit_inline():
+                        sql = f"{sql}; COMMIT"
                     with connection.cursor() as cursor:
                         # Client-side binding (as in _claim): the statements travel together.
                         cursor.execute(sql, params)

@@ -43,6 +43,9 @@ SPECTACULAR_SETTINGS = {
 
 # Idempotency keys are kept at least this long (DESIGN.md §7), then reaped by a beat task.
 IDEMPOTENCY_KEY_TTL_SECONDS = env.int("IDEMPOTENCY_KEY_TTL_SECONDS", default=24 * 3600)
+# The idempotency record's completion carries the COMMIT in the same round trip (PostgreSQL,
+# outermost transaction only): see config/api/idempotency.py. Off: Django commits separately.
+IDEMPOTENCY_COMMIT_INLINE = env.bool("IDEMPOTENCY_COMMIT_INLINE", default=True)
 # How long a duplicate request waits for the in-flight original before answering 409.
 IDEMPOTENCY_LOCK_WAIT_MS = env.int("IDEMPOTENCY_LOCK_WAIT_MS", default=5000)
 

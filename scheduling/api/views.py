@@ -1,5 +1,6 @@
 """Jobs endpoints: thin views over `submit_job` / `cancel_job` and tenancy-scoped reads."""
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -104,15 +105,15 @@ class JobListCreateView(GenericAPIView):
         # trip, same transaction).
         deferred: list[tuple[str, list[Any]]] = []
 
-        def effect() -> tuple[int, Any]:
+        def effect(now: datetime) -> tuple[int, Any]:
             job = submit_job(user=request.user, project=project, spec=spec, idempotency_key=key,
-                             on_inserted=render, deferred_writes=deferred)
+                             on_inserted=render, deferred_writes=deferred, now=now)
             body["hold"] = render_hold_summary(job.current_hold)
             return 201, body
 
         with submission_gate(request, org_id=project.org_id, cap=project.org.max_inflight_submissions,
                              scope="jobs-submit"):
-            return run_idempotent(request, effect, deferred_writes=deferred)
+            return run_idempotent(request, effect, deferred_writes=deferred, pass_now=True)
 
 
 class JobDetailView(GenericAPIView):

@@ -1,0 +1,54 @@
+"""The idempotency completion carries the COMMIT when the request's transaction is outermost."""
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from accounts.models import IdempotencyRecord
+from scheduling.models import Job
+from scheduling.services import submission
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _submit(api: APIClient, body: dict, key: str) -> Any:
+    return api.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_submission_commits_with_its_completion(api: APIClient, job_body: Callable, settings: Any,
+                                                monkeypatch: Any, inline: bool) -> None:
+    settings.IDEMPOTENCY_COMMIT_INLINE = inline
+    triggered: list[bool] = []
+    monkeypatch.setattr(submission, "_schedule_soon", lambda: triggered.append(True))
+    key = uuid.uuid4().hex
+    with CaptureQueriesContext(connection) as queries:
+        response = _submit(api, job_body(), key)
+    assert response.status_code == 201, response.json()
+    completion = [q["sql"] for q in queries.captured_queries
+                  if q["sql"].startswith("UPDATE accounts_idempotencyrecord")]
+    assert len(completion) == 1 and completion[0].endswith("; COMMIT") is inline
+    assert not connection.in_atomic_block
+    assert triggered == [True]  # on_commit hooks ran after the commit
+    # Committed: visible from a new connection's point of view, and replayable.
+    job_id = response.json()["id"]
+    assert Job.objects.get(pk=job_id).current_hold_id == response.json()["hold"]["id"]
+    assert IdempotencyRecord.objects.get(key=key).state == "done"
+    replay = _submit(api, job_body(), key)
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
+    assert replay.json() == response.json()
+    # The connection is usable afterwards, in and out of transactions.
+    assert _submit(api, job_body(), uuid.uuid4().hex).status_code == 201
+
+
+def test_failed_submission_still_rolls_back(api: APIClient, job_body: Callable) -> None:
+    key = uuid.uuid4().hex
+    response = _submit(api, job_body(gpu_count=10**3, max_wall_seconds=30 * 24 * 3600), key)
+    assert response.status_code == 402, response.json()
+    assert not Job.objects.exists() and not IdempotencyRecord.objects.filter(key=key).exists()
+    assert _submit(api, job_body(), key).status_code == 201
