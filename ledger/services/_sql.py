@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from config import metrics
 from config.request_context import current_request_id
@@ -50,7 +50,7 @@ _RELEASE_SQL = (
 
 
 def enabled() -> bool:
-    return ENABLED and connection.vendor == "postgresql"
+    return ENABLED and connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
 
 
 def scope(*, savepoint: bool = True) -> AbstractContextManager[Any]:
@@ -63,7 +63,8 @@ def scope(*, savepoint: bool = True) -> AbstractContextManager[Any]:
     the GIL. Everything the statement decides is all-or-nothing (a refusal after a write is
     raised inside it), and `on_commit` callbacks then run right after it, as after a COMMIT.
     """
-    if not connection.in_atomic_block and connection.get_autocommit():
+    db = connections[DEFAULT_DB_ALIAS]
+    if not db.in_atomic_block and db.get_autocommit():
         return nullcontext()
     return transaction.atomic(savepoint=savepoint)
 
@@ -75,23 +76,37 @@ def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     psycopg cursor on the same connection (inside the caller's atomic block) does.
     Database errors are wrapped as Django's, so `retry_on_conflict` sees 40001/40P01.
     """
-    connection.ensure_connection()
-    start = time.monotonic() if connection.queries_logged else 0.0
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a thread-local lookup
+    db.ensure_connection()
+    logged = db.queries_logged
+    start = time.monotonic() if logged else 0.0
+    with db.wrap_database_errors:
+        cursor = _cursor(db)
         cursor.execute(sql, params, prepare=True)
         row = cursor.fetchone()
-    if connection.queries_logged:
-        connection.queries_log.append(
+    if logged:
+        db.queries_log.append(
             {"sql": f"{sql} -- {list(params)!r}", "time": f"{time.monotonic() - start:.3f}"}
         )
     assert row is not None  # a function call always returns its one row
     return row
 
 
-def _saved(instance: Any) -> Any:
-    instance._state.adding = False
-    instance._state.db = connection.alias
-    return instance
+def _cursor(db: Any) -> psycopg.Cursor[Any]:
+    """One server-binding cursor per (thread's) connection, made again if Django reconnects."""
+    cursor = getattr(db, "_ledger_cursor", None)
+    if cursor is None or cursor.closed or cursor.connection is not db.connection:
+        cursor = db._ledger_cursor = psycopg.Cursor(db.connection)
+    return cursor
+
+
+# Model instances from values in field order (`Model.from_db`'s positional fast path).
+_HOLD_FIELDS = [f.attname for f in Hold._meta.concrete_fields]
+_TXN_FIELDS = [f.attname for f in LedgerTransaction._meta.concrete_fields]
+assert _HOLD_FIELDS == ["id", "org_id", "project_id", "user_id", "key", "reference", "gpu_types",
+                        "state", "authorized", "captured", "released", "created_at", "settled_at"]
+assert _TXN_FIELDS == ["id", "org_id", "kind", "key", "hold_id", "created_at", "memo", "amount",
+                       "params", "request_id"]
 
 
 def place_hold(
@@ -120,10 +135,9 @@ def place_hold(
     if hold_id is None:
         return None
     metrics.ledger_movement(kind=TransactionKind.HOLD, amount=amount, settled=False)
-    return _saved(Hold(
-        id=hold_id, org_id=org_id, project_id=project_id, user_id=user_id, key=key,
-        reference=reference, gpu_types=types, state=HoldState.ACTIVE, authorized=amount,
-        captured=0, released=0, created_at=created_at,
+    return Hold.from_db(DEFAULT_DB_ALIAS, None, (
+        hold_id, org_id, project_id, user_id, key, reference, types, HoldState.ACTIVE, amount, 0, 0,
+        created_at, None,
     ))
 
 
@@ -171,9 +185,8 @@ def _txn(
     pk: int, org_id: int, kind: str, key: str, hold_id: int, created_at: datetime, memo: str,
     amount: int, params: dict[str, Any], request_id: str,
 ) -> LedgerTransaction:
-    return _saved(LedgerTransaction(
-        id=pk, org_id=org_id, kind=kind, key=key, hold_id=hold_id, created_at=created_at, memo=memo,
-        amount=amount, params=params, request_id=request_id,
+    return LedgerTransaction.from_db(DEFAULT_DB_ALIAS, None, (
+        pk, org_id, kind, key, hold_id, created_at, memo, amount, params, request_id,
     ))
 
 
