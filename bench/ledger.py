@@ -3,9 +3,9 @@
 Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/ledger.py [--seconds 5]
 
 Creates a scratch database (gpubank_bench_<pid>) on the configured PostgreSQL server, migrates
-it, measures, verifies the ledger, and drops it. The baseline runs in the same process on the same
-database: a transaction of `SELECT ... FOR UPDATE` + `UPDATE` + `INSERT` on one hot row, and on
-100 distinct rows, with the same 8 threads.
+it, measures, verifies the ledger and the audit chains, and drops it. The baseline runs in the
+same process on the same database: a transaction of `SELECT ... FOR UPDATE` + `UPDATE` + `INSERT`
+on one hot row, and on 100 distinct rows, with the same 8 threads.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def main() -> int:
         from django.db import connection, connections
 
         from accounts.models import Organization
+        from audit.verification import verify_chains
         from ledger.models import MICRO
         from ledger.services import issue_credits
         from ledger.verification import verify_ledger
@@ -150,6 +151,7 @@ def main() -> int:
         hot = ledger_cycles(args.seconds, orgs[:1])
         distinct = ledger_cycles(args.seconds, orgs)
         problems = verify_ledger()
+        audit_problems = verify_chains()
 
         print(f"threads={THREADS} seconds={args.seconds} postgres={connection.pg_version}")
         print(f"raw baseline, hot row:       {raw_hot:9.1f} tx/s")
@@ -164,8 +166,9 @@ def main() -> int:
             f"{distinct / raw_hot:.3f}x of raw hot-row"
         )
         print("verify_ledger:", "clean" if not problems else f"{len(problems)} difference(s)")
+        print("verify_audit: ", "clean" if not audit_problems else f"{len(audit_problems)} break(s)")
         connections.close_all()
-        return 0 if not problems else 1
+        return 0 if not problems and not audit_problems else 1
     finally:
         _admin(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
 
