@@ -73,7 +73,7 @@ def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     """Run `sql` as a server-side prepared statement on Django's connection; its one row.
 
     Django's psycopg cursors bind parameters client-side and so never prepare; a plain
-    psycopg cursor on the same connection (inside the caller's atomic block) does.
+    psycopg cursor on the same connection (in the caller's transaction, if any) does.
     Database errors are wrapped as Django's, so `retry_on_conflict` sees 40001/40P01.
     """
     db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a thread-local lookup
@@ -92,10 +92,18 @@ def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     return row
 
 
+# Django opens its psycopg connections with `prepare_threshold=None`, which makes psycopg ignore
+# `prepare=True`. A threshold this high lets our explicit `prepare=True` calls be prepared and
+# changes nothing else: Django's own cursors bind client-side and never prepare.
+_ONLY_EXPLICIT = 2**31 - 1
+
+
 def _cursor(db: Any) -> psycopg.Cursor[Any]:
     """One server-binding cursor per (thread's) connection, made again if Django reconnects."""
     cursor = getattr(db, "_ledger_cursor", None)
     if cursor is None or cursor.closed or cursor.connection is not db.connection:
+        if db.connection.prepare_threshold is None:
+            db.connection.prepare_threshold = _ONLY_EXPLICIT
         cursor = db._ledger_cursor = psycopg.Cursor(db.connection)
     return cursor
 

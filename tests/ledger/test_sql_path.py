@@ -141,6 +141,11 @@ def test_outermost_calls_are_one_statement_each_and_refusals_leave_nothing() -> 
         capture(hold=hold, amount=10, key="c")
         release_hold(hold=hold)
     assert len(queries) == 3  # no BEGIN/COMMIT round trips: each call is its own transaction
+    with connection.cursor() as cursor:  # and each is a server-side prepared statement
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = " ".join(row[0] for row in cursor.fetchall())
+    for function in ("ledger_place_hold", "ledger_capture", "ledger_release_hold"):
+        assert function in prepared
     events = AuditEvent.objects.filter(org_id=org.pk).count()
     with pytest.raises(InsufficientCredits) as short:
         place_hold(org=org, amount=101, key="b")
