@@ -51,10 +51,10 @@ class PriorityClass:
 
 
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
-    # production is never preemptible (seed 004: production inference).
+    # The ladder: only production is never preemptible. Same table as the DB default
+    # (scheduling migration 0002); tests/scheduling/core/test_classes.py keeps them equal.
     PriorityClass("production", 5, preemptible_by_higher=False, can_preempt=True),
-    # premium is only preemptible by spot reclaim (seed 004), which is not a priority decision.
-    PriorityClass("premium", 4, preemptible_by_higher=False, can_preempt=True),
+    PriorityClass("premium", 4, preemptible_by_higher=True, can_preempt=True),
     PriorityClass("standard", 3, preemptible_by_higher=True, can_preempt=True),
     PriorityClass("batch", 2, preemptible_by_higher=True, can_preempt=False),
     PriorityClass("interactive", 1, preemptible_by_higher=True, can_preempt=False),

@@ -54,7 +54,7 @@ def test_min_runtime_before_preemption() -> None:
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
     for cls, preemptible, pending_cls in [
         ("batch", False, "production"),  # job opted out
-        ("premium", True, "production"),  # class not preemptible for priority
+        ("production", True, "production"),  # production is never preemptible (and same class)
         ("standard", True, "standard"),  # same class
         ("premium", True, "standard"),  # higher class
         ("interactive", True, "batch"),  # batch cannot preempt (class config)

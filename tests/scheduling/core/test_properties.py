@@ -115,4 +115,4 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
         j = next(x for x in s.pending if x.id == p.for_job_id)
         assert v.preemptible and v.preemption_requested_at is None
         assert rank[v.priority_class] < rank[j.priority_class]
-        assert v.priority_class not in ("production", "premium")
+        assert v.priority_class != "production"

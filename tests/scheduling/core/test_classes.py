@@ -1,0 +1,31 @@
+"""The core's default priority-class table is the issue's ladder and equals the DB default."""
+
+from __future__ import annotations
+
+import importlib
+
+from scheduling.core import DEFAULT_PRIORITY_CLASSES, schedule
+from tests.scheduling.core.helpers import job, node, running, snap
+
+LADDER = ("production", "premium", "standard", "batch", "interactive")
+
+
+def test_default_ladder_only_production_is_never_preemptible() -> None:
+    by_rank = sorted(DEFAULT_PRIORITY_CLASSES, key=lambda c: -c.rank)
+    assert tuple(c.name for c in by_rank) == LADDER
+    assert [c.name for c in by_rank if not c.preemptible_by_higher] == ["production"]
+
+
+def test_core_defaults_match_the_db_default_migration() -> None:
+    mig = importlib.import_module("scheduling.migrations.0002_default_priority_classes")
+    db = sorted(mig.DEFAULTS, key=lambda row: -row[1])
+    core = sorted(DEFAULT_PRIORITY_CLASSES, key=lambda c: -c.rank)
+    assert [(n, p, c) for n, _, p, c in db] == [
+        (c.name, c.preemptible_by_higher, c.can_preempt) for c in core
+    ]
+
+
+def test_production_preempts_premium() -> None:
+    run = [running(50, ((1, tuple(range(8))),), cls="premium", started=0, wall=99_999)]
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=10_000.0))
+    assert [p.job_id for p in res.preemptions] == [50]
