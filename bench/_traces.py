@@ -80,6 +80,7 @@ def _philly_throughput(table: dict, gpu: str, job_type: str, scale: int, extrapo
 def load_philly(
     *,
     limit: int | None = None,
+    skip: int = 0,
     vcs: list[str] | None = None,
     seed: int = 0,
     load: float = 0.8,
@@ -98,18 +99,19 @@ def load_philly(
             p = line.split("\t")
             rows.append((float(p[5]), team, lineno, p[0], float(p[4]), int(p[6])))
     rows.sort()
-    if limit:
-        rows = rows[:limit]
     rng = random.Random(seed)
+    # One draw per trace row in arrival order, so a window gets the same factors as the full trace.
+    factors = [rng.uniform(1.0, 3.0) for _ in rows]
+    end = skip + limit if limit else None
+    rows, factors = rows[skip:end], factors[skip:end]
     jobs: list[TraceJob] = []
     dropped = 0
-    for arrival, team, lineno, job_type, steps, scale in rows:
+    for (arrival, team, lineno, job_type, steps, scale), wall_factor in zip(rows, factors, strict=True):
         dur: dict[str, float] = {}
         for gpu, name in PHILLY_MAP.items():
             tput = _philly_throughput(table, gpu, job_type, scale, extrapolate)
             if tput > 0:
                 dur[name] = steps / tput
-        wall_factor = rng.uniform(1.0, 3.0)
         if not dur:
             dropped += 1
             continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import statistics
 import sys
 import time
@@ -249,6 +250,29 @@ class Sim:
         return Usage(org=org, project=proj, user=user)
 
 
+def _outcomes(sim: Sim) -> list[list[float | str]]:
+    """Per job: [id, team, gpus, arrival, first_start, finish, run_seconds, fastest runtime,
+    preemptions, class]; -1 for a start or finish that never happened."""
+    out = []
+    for j in sim.trace.jobs:
+        st = sim.stats[j.id]
+        out.append(
+            [
+                j.id,
+                j.team,
+                j.gpu_count,
+                j.arrival,
+                -1.0 if st.first_start is None else st.first_start,
+                -1.0 if st.finish is None else st.finish,
+                st.run_seconds,
+                min(j.duration.values()),
+                st.preempted,
+                j.priority_class,
+            ]
+        )
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -320,12 +344,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", choices=("philly", "alibaba"), required=True)
     ap.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
+    ap.add_argument("--skip", type=int, default=0, help="philly: drop the first N jobs by arrival")
     ap.add_argument("--vcs", default=None, help="philly: comma-separated VC names (default all 15)")
     ap.add_argument("--load", type=float, default=0.8, help="offered load used to size the fleet")
     ap.add_argument("--gpus-per-type", type=int, default=None, help="philly: override the fleet size")
     ap.add_argument("--full-fleet", action="store_true", help="alibaba: all listed nodes (no contention)")
     ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--dump", default=None, help="write per-job outcomes of every policy as JSON here")
     ap.add_argument(
         "--set",
         action="append",
@@ -337,6 +363,7 @@ def main() -> None:
     if args.trace == "philly":
         trace = load_philly(
             limit=args.limit,
+            skip=args.skip,
             vcs=args.vcs.split(",") if args.vcs else None,
             load=args.load,
             gpus_per_type=args.gpus_per_type,
@@ -356,6 +383,7 @@ def main() -> None:
     if overrides:
         print("# ours overrides:", overrides)
     results: list[tuple[str, dict[str, float | str], float]] = []
+    dumps: dict[str, list[list[float | str]]] = {}
     for label, cfg in POLICIES:
         if label not in wanted:
             continue
@@ -368,6 +396,8 @@ def main() -> None:
         print(f"  [{label}] {sim.passes} passes in {cpu:.1f}s CPU", file=sys.stderr)
         m = metrics(sim)
         results.append((label, m, cpu))
+        if args.dump:
+            dumps[label] = _outcomes(sim)
         # Long runs: each policy's headline numbers as soon as it is done.
         print(
             f"  [{label}] avg JCT {float(m['avg_jct_h']):.2f} h, queue {float(m['avg_queue_h']):.2f} h, "
@@ -376,6 +406,8 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
+    if args.dump:
+        Path(args.dump).write_text(json.dumps({"trace": trace.name, "policies": dumps}))
     rows = [
         ("avg JCT (h)", "avg_jct_h", "{:.2f}"),
         ("median JCT (h)", "median_jct_h", "{:.2f}"),
