@@ -73,8 +73,8 @@ class Sim:
     stats: dict[int, JobStats] = field(default_factory=dict)
     preemptions: int = 0
     passes: int = 0
-    attempts: list[tuple[float, float, int, float]] = field(default_factory=list)
-    """(start, end, gpus, speed vs the job's fastest type) of every attempt, for utilization."""
+    attempts: list[tuple[float, float, int, float, int]] = field(default_factory=list)
+    """(start, end, gpus, speed vs the job's fastest type, team) of every attempt."""
 
     def run(self, progress: bool) -> None:
         cfg = self.config
@@ -118,7 +118,7 @@ class Sim:
                 st.run_seconds += ran
                 st.gpu_seconds += ran * job.gpu_count
                 speed = min(job.duration.values()) / job.duration[att.running.gpu_type]
-                self.attempts.append((att.start, now, job.gpu_count, speed))
+                self.attempts.append((att.start, now, job.gpu_count, speed, job.team))
                 if kind == FINISH:
                     st.finish = now
                     remaining[jid] = 0.0
@@ -288,6 +288,45 @@ def jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
 
 
+def service_jain(sim: Sim, start: float, stop: float) -> float:
+    """Jain's index in its original form (Jain, Chiu, Hawe 1984): x = a team's allocation over its
+    fair allocation. Over [start, stop], the fair allocation at each instant is the max-min
+    (water-filling) split of all GPUs among teams by demand (GPUs of their arrived, unfinished
+    jobs); x = GPU-seconds received / fair GPU-seconds. It asks "did each team get its share",
+    which is what fair share promises; a team that takes more than its share also lowers it.
+    """
+    capacity = sum(n.gpu_count for n in sim.trace.nodes)
+    ev: list[tuple[float, int, int, int]] = []  # (time, team, demand delta, allocation delta)
+    for j in sim.trace.jobs:
+        st = sim.stats[j.id]
+        ev.append((j.arrival, j.team, j.gpu_count, 0))
+        ev.append((st.finish if st.finish is not None else stop, j.team, -j.gpu_count, 0))
+    for s, e, g, _, team in sim.attempts:
+        ev.append((s, team, 0, g))
+        ev.append((e, team, 0, -g))
+    ev.sort()
+    demand: dict[int, int] = defaultdict(int)
+    alloc: dict[int, int] = defaultdict(int)
+    got: dict[int, float] = defaultdict(float)
+    fair: dict[int, float] = defaultdict(float)
+    prev = start
+    for t, team, dd, da in ev:
+        lo, hi = max(prev, start), min(t, stop)
+        if hi > lo:
+            dt = hi - lo
+            left, want = float(capacity), sorted((d, k) for k, d in demand.items() if d > 0)
+            for i, (d, k) in enumerate(want):
+                share = min(float(d), left / (len(want) - i))
+                fair[k] += share * dt
+                left -= share
+            for k, a in alloc.items():
+                got[k] += a * dt
+        prev = max(prev, t)
+        demand[team] += dd
+        alloc[team] += da
+    return jain([got[k] / f for k, f in fair.items() if f > 0])
+
+
 def metrics(sim: Sim) -> dict[str, float | str]:
     trace = sim.trace
     jct, qdelay, bsld_by_team = [], [], defaultdict(list)
@@ -297,7 +336,7 @@ def metrics(sim: Sim) -> dict[str, float | str]:
     # Utilization over the arrival window: after the last arrival every policy just drains the
     # long tail, which would dilute the comparison.
     busy = work = 0.0
-    for s, e, g, speed in sim.attempts:
+    for s, e, g, speed, _ in sim.attempts:
         gpu_s = max(0.0, min(e, last_arrival) - max(s, first)) * g
         busy += gpu_s
         work += gpu_s * speed
@@ -325,6 +364,7 @@ def metrics(sim: Sim) -> dict[str, float | str]:
         "util": busy / capacity if capacity else float("nan"),
         "norm_util": work / (norm_capacity * (last_arrival - first)) if capacity else float("nan"),
         "jain": jain([statistics.fmean(v) for v in bsld_by_team.values()]),
+        "jain_service": service_jain(sim, first, last_arrival),
         "preemptions": float(sim.preemptions),
         "unfinished": float(sum(1 for st in sim.stats.values() if st.finish is None)),
     }
@@ -416,6 +456,7 @@ def main() -> None:
         ("GPU busy fraction (arrival window)", "util", "{:.3f}"),
         ("speed-normalized utilization", "norm_util", "{:.3f}"),
         ("Jain (team avg bounded slowdown)", "jain", "{:.3f}"),
+        ("Jain (team GPU-time / fair share)", "jain_service", "{:.3f}"),
         ("preemptions", "preemptions", "{:.0f}"),
         ("unfinished jobs", "unfinished", "{:.0f}"),
     ] + [

@@ -64,16 +64,18 @@ def fair_tree_factors(users: Iterable[UserKey], usage: Usage, shares: Shares) ->
     return factors
 
 
-def size_factor(gpu_count: int, wall_seconds: float) -> float:
-    """Short requests score near 1, long ones near 0: `1 / (1 + log2(1 + requested wall hours))`.
+def size_factor(gpu_count: int, wall_seconds: float, gpu_exponent: float = 0.0) -> float:
+    """Short requests score near 1, long ones near 0: `1 / (1 + log2(1 + hours))`, where
+    hours = requested wall hours x gpu_count ** gpu_exponent.
 
-    Shortest-job-first on the *requested wall time*, not on GPU-hours: on the Philly replay,
-    counting GPUs as well left short 8- and 32-GPU gangs waiting many times their run time
-    (a worse slowdown for the teams that run them) for no gain in average JCT. `gpu_count` is
-    accepted so the basis can change without touching callers.
+    The default exponent 0 is shortest-job-first on the *requested wall time* alone: on the Philly
+    tuning window, counting GPUs as well (exponent 1, GPU-hours) left short 8- and 32-GPU gangs
+    waiting many times their run time for no gain in average JCT.
     """
-    del gpu_count
-    return 1.0 / (1.0 + math.log2(1.0 + max(wall_seconds, 0.0) / 3600.0))
+    hours = max(wall_seconds, 0.0) / 3600.0
+    if gpu_exponent:
+        hours *= max(gpu_count, 1) ** gpu_exponent
+    return 1.0 / (1.0 + math.log2(1.0 + hours))
 
 
 def job_priority(
@@ -94,7 +96,7 @@ def priority_value(
     return (
         class_rank
         + config.fairshare_weight * fs
-        + config.size_weight * size_factor(gpu_count, wall)
+        + config.size_weight * size_factor(gpu_count, wall, config.size_gpu_exponent)
         + max(waited, 0.0) / config.aging_seconds_per_class
     )
 

@@ -152,7 +152,9 @@ class Config:
     fairshare_half_life_seconds: float = 7 * 24 * 3600.0
     fairshare_weight: float = 0.3
     size_weight: float = 0.65
-    """Weight of the small-request factor (requested GPU x wall time), Slurm's job-size factor."""
+    """Weight of the small-request factor (requested wall time), Slurm's job-size factor."""
+    size_gpu_exponent: float = 0.0
+    """The size factor reads wall x gpus ** this: 0 = wall time only, 1 = GPU-hours."""
     aging_seconds_per_class: float = 7 * 24 * 3600.0
     """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
     slow_type_wait_factor: float = 0.5
@@ -168,6 +170,12 @@ class Config:
     grace_seconds: float = 120.0
     max_preemption_attempts: int = 64
     """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""
+    preemption_min_gain: float = 0.0
+    """A victim not yet signalled must have at least this x the preemptor's run time (max wall on
+    the type) left before its own wall limit: preempt only to run something shorter than what is
+    stopped (SRPT). 0 = no such rule."""
+    max_preemptions_per_pass: int = 1_000_000
+    """Newly signalled victims per pass; later blocked jobs wait for GPUs to free normally."""
 
 
 @dataclass(frozen=True, slots=True)

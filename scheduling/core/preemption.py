@@ -44,6 +44,7 @@ class VictimIndex:
         self.fs: dict[int, float] = {}
         self.prio: dict[int, float] = {}
         self.claimed: set[int] = set()
+        self.now = now
         for job in running:
             on_ready = all(n in state.node for n, _ in job.allocations)
             if not on_ready:
@@ -99,19 +100,25 @@ class VictimIndex:
         regions: tuple[str, ...],
         rank: int,
         priority: float,
+        min_left: float = 0.0,
     ) -> Plan | None:
         """Best plan for a gang of g on `gpu_type` for a job of class `rank`, or None.
 
         A victim must be of a strictly lower class *and* rank below the preemptor if it were queued
         again now (its aging included). Without the second rule an aged victim re-queues ahead of
         its preemptor, takes its GPUs back, and the preemptor preempts someone else: a storm.
+        A victim not yet signalled must also have at least `min_left` seconds to go before its
+        wall limit (stopping a job that is about to end gains nothing).
         """
         best: Plan | None = None
+        now = self.now
 
         def usable(job: RunningJob) -> bool:
             if job.id in self.claimed or job.gpu_type != gpu_type or self.rank[job.id] >= rank:
                 return False
-            return job.preemption_requested_at is not None or self.prio[job.id] < priority
+            if job.preemption_requested_at is not None:
+                return True
+            return self.prio[job.id] < priority and job.started_at + job.max_wall_seconds - now >= min_left
 
         if not state.is_multi(gpu_type, g):
             for node_id, jobs in self.by_node.items():

@@ -57,6 +57,7 @@ class _Pass:
         self.fail_min: dict[FailKey, int] = {}
         self.preempt_fail_min: dict[tuple[str, tuple[str, ...], int], int] = {}
         self.preempt_attempts = 0
+        self.preempted_now = 0  # victims newly signalled in this pass
         self.res_by_type: dict[str, list[Reservation]] = defaultdict(list)
         self.n_backfill_res = 0
         self.placed_releases: dict[str, list[Release]] = defaultdict(list)
@@ -323,11 +324,18 @@ class _Pass:
             if self.preempt_attempts >= self.cfg.max_preemption_attempts:
                 return False
             self.preempt_attempts += 1
-            plan = self.victims.plan(self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id])
+            min_left = self.cfg.preemption_min_gain * job.wall_on(t)
+            plan = self.victims.plan(
+                self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id], min_left
+            )
             if plan is None:
-                self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
+                if not min_left:  # with a gain rule the outcome also depends on the job's wall
+                    self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
                 continue
             new = [v for v in plan.victims if v.preemption_requested_at is None]
+            if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
+                continue
+            self.preempted_now += len(new)
             for v in plan.victims:
                 self.victims.claimed.add(v.id)
                 for node_id, idx in v.allocations:

@@ -133,3 +133,32 @@ def test_multi_node_gang_preempts_within_one_ib_group() -> None:
     res = schedule(snap(nodes, [job(1, gpus=16, cls="production")], run, now=NOW))
     assert [p.job_id for p in res.preemptions] == [60]
     assert {n for n, _ in res.reservations[0].allocations} == {1, 2}
+
+
+def test_min_gain_spares_a_victim_about_to_finish() -> None:
+    pending = [job(1, gpus=8, cls="production", wall=3600)]
+    # 89,999 s left >= 2 x 3,600: worth stopping.
+    long_left = _full_node(started=0)
+    res = schedule(snap([node(1)], pending, long_left, now=NOW, preemption_min_gain=2.0))
+    assert [p.job_id for p in res.preemptions] == [50]
+    # 2,000 s left < 2 x 3,600: the victim ends sooner than the preemptor would; wait instead.
+    short_left = [running(50, ((1, tuple(range(8))),), cls="batch", started=0, wall=12_000)]
+    res = schedule(snap([node(1)], pending, short_left, now=NOW, preemption_min_gain=2.0))
+    assert res.preemptions == []
+    assert res.wait_reasons[1] != R.WAITING_FOR_PREEMPTION
+    # Without the rule the same victim is taken.
+    res = schedule(snap([node(1)], pending, short_left, now=NOW))
+    assert [p.job_id for p in res.preemptions] == [50]
+
+
+def test_preemption_budget_per_pass() -> None:
+    run = [
+        running(50, ((1, tuple(range(8))),), cls="batch", started=0, wall=99_999),
+        running(51, ((2, tuple(range(8))),), cls="batch", started=0, wall=99_999),
+    ]
+    pending = [job(1, gpus=8, cls="production", submitted=0), job(2, gpus=8, cls="production", submitted=1)]
+    res = schedule(snap([node(1), node(2)], pending, run, now=NOW))
+    assert len(res.preemptions) == 2
+    res = schedule(snap([node(1), node(2)], pending, run, now=NOW, max_preemptions_per_pass=1))
+    assert [p.for_job_id for p in res.preemptions] == [1]
+    assert res.wait_reasons[2] != R.WAITING_FOR_PREEMPTION
