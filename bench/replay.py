@@ -273,6 +273,34 @@ def _outcomes(sim: Sim) -> list[list[float | str]]:
     return out
 
 
+def plot_cdf(path: Path, title: str, curves: dict[str, list[float]]) -> None:
+    """JCT CDF per policy (log hours), one line each; matplotlib only needed for --plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, xs in curves.items():
+        n = len(xs)
+        ax.step(
+            xs,
+            [(i + 1) / n for i in range(n)],
+            where="post",
+            label=f"{label} (avg {statistics.fmean(xs):.0f} h)",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -391,6 +419,13 @@ def main() -> None:
     ap.add_argument("--full-fleet", action="store_true", help="alibaba: all listed nodes (no contention)")
     ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--plot", default=None, help="write a JCT CDF per policy as PNG here (matplotlib)")
+    ap.add_argument(
+        "--from-dumps",
+        default=None,
+        metavar="A.json,B.json",
+        help="with --plot: draw the CDF from earlier --dump files (split runs) instead of simulating",
+    )
     ap.add_argument("--dump", default=None, help="write per-job outcomes of every policy as JSON here")
     ap.add_argument(
         "--set",
@@ -400,6 +435,17 @@ def main() -> None:
         help="override a Config field of 'ours' (e.g. --set size_weight=0.6), for tuning runs",
     )
     args = ap.parse_args()
+    if args.from_dumps and args.plot:
+        curves_from: dict[str, list[float]] = {}
+        for name in args.from_dumps.split(","):
+            for label, rows in json.loads(Path(name).read_text())["policies"].items():
+                # rows: [id, team, gpus, arrival, first_start, finish, ...] (see _outcomes)
+                curves_from[label] = sorted(
+                    (float(r[5]) - float(r[3])) / 3600 for r in rows if float(r[5]) >= 0
+                )
+        n_jobs = max(len(v) for v in curves_from.values())
+        plot_cdf(Path(args.plot), f"{args.trace}: {n_jobs:,} jobs", curves_from)
+        return
     if args.trace == "philly":
         trace = load_philly(
             limit=args.limit,
@@ -424,6 +470,8 @@ def main() -> None:
         print("# ours overrides:", overrides)
     results: list[tuple[str, dict[str, float | str], float]] = []
     dumps: dict[str, list[list[float | str]]] = {}
+    curves: dict[str, list[float]] = {}
+    title = f"{trace.name}: {len(trace.jobs):,} jobs, {sum(n.gpu_count for n in trace.nodes)} GPUs"
     for label, cfg in POLICIES:
         if label not in wanted:
             continue
@@ -438,6 +486,9 @@ def main() -> None:
         results.append((label, m, cpu))
         if args.dump:
             dumps[label] = _outcomes(sim)
+        curves[label] = sorted(
+            (st.finish - j.arrival) / 3600 for j in trace.jobs if (st := sim.stats[j.id]).finish is not None
+        )
         # Long runs: each policy's headline numbers as soon as it is done.
         print(
             f"  [{label}] avg JCT {float(m['avg_jct_h']):.2f} h, queue {float(m['avg_queue_h']):.2f} h, "
@@ -446,6 +497,8 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
+    if args.plot:
+        plot_cdf(Path(args.plot), title, curves)
     if args.dump:
         Path(args.dump).write_text(json.dumps({"trace": trace.name, "policies": dumps}))
     rows = [

@@ -97,7 +97,7 @@ def priority_value(
         class_rank
         + config.fairshare_weight * fs
         + config.size_weight * size_factor(gpu_count, wall, config.size_gpu_exponent)
-        + max(waited, 0.0) / config.aging_seconds_per_class
+        + max(waited - config.aging_grace_wall_factor * wall, 0.0) / config.aging_seconds_per_class
     )
 
 

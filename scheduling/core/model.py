@@ -157,6 +157,10 @@ class Config:
     """The size factor reads wall x gpus ** this: 0 = wall time only, 1 = GPU-hours."""
     aging_seconds_per_class: float = 7 * 24 * 3600.0
     """Waiting this long is worth one priority-class step; uncapped so nothing starves."""
+    aging_grace_wall_factor: float = 0.0
+    """A job starts aging only after waiting this x its requested wall time (slack proportional to
+    size, as a deadline of submit + k x wall): short jobs age at once, long ones later, so the
+    size factor is not washed out by deep queues. 0 = every job ages from submission."""
     slow_type_wait_factor: float = 0.5
     """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
     a slower type would cost (ski rental); 0 = always take the first type that fits."""
