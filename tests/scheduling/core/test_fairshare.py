@@ -95,3 +95,31 @@ def test_decaying_usage_half_life() -> None:
     u.add("org", 10.0, now=200.0)
     assert u.value("org", 200.0) == 30.0
     assert u.values_at(300.0) == {"org": 15.0}
+
+
+def test_aging_grace_proportional_to_wall() -> None:
+    from scheduling.core import Config
+    from scheduling.core.fairshare import priority_value
+
+    day = 86_400.0
+    plain = Config(aging_seconds_per_class=day)
+    graced = Config(aging_seconds_per_class=day, aging_grace_wall_factor=1.0)
+    # A 2-day job that waited 1 day has not started aging yet; a 1-hour job has aged ~1 day.
+    long_wait = priority_value(3, 0.5, 1, 2 * day, day, graced) - priority_value(
+        3, 0.5, 1, 2 * day, 0, graced
+    )
+    short_wait = priority_value(3, 0.5, 1, 3600, day, graced) - priority_value(3, 0.5, 1, 3600, 0, graced)
+    assert long_wait == 0.0
+    assert abs(short_wait - (day - 3600) / day) < 1e-9
+    assert (
+        priority_value(3, 0.5, 1, 2 * day, day, plain) - priority_value(3, 0.5, 1, 2 * day, 0, plain) == 1.0
+    )
+    # Still uncapped: after its grace the long job ages like any other, so it cannot starve.
+    assert priority_value(1, 0.0, 1, 2 * day, 30 * day, graced) > priority_value(5, 1.0, 1, 60, 0, graced)
+
+
+def test_size_factor_on_gpu_hours_is_optional() -> None:
+    from scheduling.core import size_factor
+
+    assert size_factor(8, 3600) == size_factor(1, 3600)  # default: wall time only
+    assert size_factor(8, 3600, 1.0) == size_factor(1, 8 * 3600, 1.0) < size_factor(1, 3600, 1.0)
