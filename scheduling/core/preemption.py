@@ -118,7 +118,9 @@ class VictimIndex:
                 return False
             if job.preemption_requested_at is not None:
                 return True
-            return self.prio[job.id] < priority and job.started_at + job.max_wall_seconds - now >= min_left
+            if min_left and job.started_at + job.max_wall_seconds - now < min_left:
+                return False
+            return self.prio[job.id] < priority
 
         if not state.is_multi(gpu_type, g):
             for node_id, jobs in self.by_node.items():

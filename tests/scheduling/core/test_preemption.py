@@ -162,3 +162,9 @@ def test_preemption_budget_per_pass() -> None:
     res = schedule(snap([node(1), node(2)], pending, run, now=NOW, max_preemptions_per_pass=1))
     assert [p.for_job_id for p in res.preemptions] == [1]
     assert res.wait_reasons[2] != R.WAITING_FOR_PREEMPTION
+
+
+def test_a_victim_past_its_wall_limit_can_still_be_preempted_without_a_gain_rule() -> None:
+    run = [running(50, ((1, tuple(range(8))),), cls="batch", started=0, wall=3600)]
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW))
+    assert [p.job_id for p in res.preemptions] == [50]
