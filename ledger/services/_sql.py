@@ -1,12 +1,13 @@
 """The PostgreSQL hot path: place a hold, capture, release a hold -- one function call each.
 
-`ledger_place_hold`, `ledger_capture` and `ledger_release_hold` (ledger/migrations/0005) lock,
-re-read, decide, write the journal and append the audit event in one round trip, with plans
-cached per connection (docs/decisions/0003-ledger-hot-path-in-sql.md). The services in
+`ledger_place_hold`, `ledger_capture` and `ledger_release_hold` (ledger/migrations/0005, 0006)
+lock, re-read, decide, write the journal and append the audit event in one round trip, as
+server-side prepared statements (docs/decisions/0003-ledger-hot-path-in-sql.md). The services in
 `holds.py` / `settlement.py` stay the public entry points: they validate the input, call these
-wrappers inside their own `transaction.atomic()` (so retries, savepoints and `on_commit` work as
-before) and turn a returned status into the same typed errors as the Python decision path, which
-is still what runs on other databases (the embedded SQLite mode) or with `ENABLED = False`.
+wrappers within `scope()` -- the caller's transaction (with a savepoint, as before) when nested,
+else one autocommit statement -- under `retry_on_conflict`, and the wrappers turn a returned
+status into the same typed errors as the Python decision path, which is still what runs on other
+databases (the embedded SQLite mode) or with `ENABLED = False`.
 """
 
 from __future__ import annotations
