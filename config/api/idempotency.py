@@ -16,13 +16,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -98,24 +99,37 @@ RETURNING id, now()
 """
 
 
+def _postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
 def _claim(principal: str, key: str, fp: str) -> tuple[int, datetime] | StoredResponse:
     """Insert the in-flight record (returns its id and the transaction's `now()`, which
     `config.clock.db_now` would read) or return the stored response to replay."""
     ttl = int(settings.IDEMPOTENCY_KEY_TTL_SECONDS)
     wait_ms = int(settings.IDEMPOTENCY_LOCK_WAIT_MS)
-    with connection.cursor() as cursor:
-        # One round trip: bound the wait for a concurrent original, insert, unbound it again (the
-        # statements after the claim, e.g. bucket locks, must not inherit the short timeout).
-        # Parameters are bound client-side (Django's default psycopg cursor), so the three
-        # statements travel together; the INSERT's result is the second result set.
-        cursor.execute(
-            f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT",
-            [principal, key, fp, ttl],
+    if not _postgres():  # embedded SQLite: writers are serialized (IMMEDIATE transactions)
+        now = timezone.now()
+        record, created = IdempotencyRecord.objects.get_or_create(
+            principal=principal, key=key,
+            defaults={"fingerprint": fp, "created_at": now, "expires_at": now + timedelta(seconds=ttl)},
         )
-        cursor.nextset()
-        row = cursor.fetchone()
-        if row is not None:
-            return int(row[0]), row[1]
+        if created:
+            return record.pk, now
+    else:
+        with connection.cursor() as cursor:
+            # One round trip: bound the wait for a concurrent original, insert, unbound it again (the
+            # statements after the claim, e.g. bucket locks, must not inherit the short timeout).
+            # Parameters are bound client-side (Django's default psycopg cursor), so the three
+            # statements travel together; the INSERT's result is the second result set.
+            cursor.execute(
+                f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT",
+                [principal, key, fp, ttl],
+            )
+            cursor.nextset()
+            row = cursor.fetchone()
+            if row is not None:
+                return int(row[0]), row[1]
     existing = (
         IdempotencyRecord.objects.filter(principal=principal, key=key)
         .values_list("fingerprint", "state", "response_status", "response_body")
@@ -141,6 +155,16 @@ _COMPLETE = (
     "UPDATE accounts_idempotencyrecord SET state = 'done', response_status = %s, "
     "response_body = %s::jsonb WHERE id = %s"
 )
+
+
+def _complete_portable(record_id: int, status: int, body: Any,
+                       deferred_writes: list[tuple[str, list[Any]]]) -> None:
+    IdempotencyRecord.objects.filter(pk=record_id).update(
+        state="done", response_status=status, response_body=body
+    )
+    with connection.cursor() as cursor:
+        for sql, params in deferred_writes:
+            cursor.execute(sql, params)
 
 
 def _commit_inline() -> bool:
@@ -187,6 +211,9 @@ def run_idempotent(
                     status, body = effect(now) if pass_now else effect()
                     # What we store is byte-for-byte what every replay will return.
                     text, body = _stored_form(body)
+                    if not _postgres():  # embedded SQLite: one statement at a time
+                        _complete_portable(record_id, status, body, deferred_writes or [])
+                        return Response(body, status=status)
                     sql, params = _COMPLETE, [status, text, record_id]
                     for extra_sql, extra_params in deferred_writes or ():
                         sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]

@@ -52,3 +52,18 @@ def test_failed_submission_still_rolls_back(api: APIClient, job_body: Callable) 
     assert response.status_code == 402, response.json()
     assert not Job.objects.exists() and not IdempotencyRecord.objects.filter(key=key).exists()
     assert _submit(api, job_body(), key).status_code == 201
+
+
+def test_portable_path_used_by_embedded_sqlite(api: APIClient, job_body: Callable,
+                                               monkeypatch: Any) -> None:
+    """The claim and completion without PostgreSQL-only SQL (what `make run` on SQLite uses)."""
+    from config.api import idempotency
+
+    monkeypatch.setattr(idempotency, "_postgres", lambda: False)
+    key = uuid.uuid4().hex
+    first = _submit(api, job_body(), key)
+    assert first.status_code == 201, first.json()
+    assert Job.objects.get(pk=first.json()["id"]).current_hold_id == first.json()["hold"]["id"]
+    replay = _submit(api, job_body(), key)
+    assert replay["Idempotent-Replayed"] == "true" and replay.json() == first.json()
+    assert _submit(api, job_body(name="other"), key).status_code == 422
