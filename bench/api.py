@@ -155,10 +155,12 @@ def http_run(
     web, db = server_pids(master) if master else ([], [])
     web_before = sum(_cpu_seconds(pid) for pid in web)
     db_before = sum(_cpu_seconds(pid) for pid in db)
+    client_before = time.process_time()  # this process: the 16 httpx client threads
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(one, range(requests)))
     wall = time.perf_counter() - start
+    client_cpu = time.process_time() - client_before
     web_cpu = sum(_cpu_seconds(pid) for pid in web) - web_before
     db_cpu = sum(_cpu_seconds(pid) for pid in db) - db_before
     latencies.sort()
@@ -169,6 +171,7 @@ def http_run(
         "codes": codes,
         "web_ms": web_cpu / requests * 1000,
         "db_ms": db_cpu / requests * 1000,
+        "client_ms": client_cpu / requests * 1000,
     }
 
 
@@ -202,6 +205,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=3, help="gunicorn processes (~1.5x the cores)")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (gthread)")
+    parser.add_argument("--gunicorn-config", default="", help="a gunicorn config file (-c), e.g. hooks")
     args = parser.parse_args()
     setup_database()
     targets, user = seed(101)
@@ -223,6 +227,7 @@ def main() -> None:
             str(args.threads),
             "--log-level",
             "warning",
+            *(["-c", args.gunicorn_config] if args.gunicorn_config else []),
         ],
         cwd=ROOT,
         env={**os.environ, **ENV},
@@ -253,7 +258,8 @@ def main() -> None:
             f"{r['rate']:.0f}/s "
             f"p50 {r['p50']:.1f} ms p99 {r['p99']:.1f} ms codes {r['codes']} "
             f"ratio to direct {r['rate'] / direct['rate']:.2f} "
-            f"CPU per request: gunicorn {r['web_ms']:.1f} ms, PostgreSQL {r['db_ms']:.1f} ms"
+            f"CPU per request: gunicorn {r['web_ms']:.1f} ms, PostgreSQL {r['db_ms']:.1f} ms, "
+            f"httpx clients {r['client_ms']:.1f} ms"
         )
 
 
