@@ -12,11 +12,13 @@ every few seconds instead of one per request. What that means for changes to a k
   hash), and only keys that verified are cached (unknown prefixes are never cached).
 
 `last_used_at` is written at most once a minute per key (`API_KEY_TOUCH_SECONDS`): a process
-remembers when it last touched a key, and the conditional UPDATE leaves a row touched less than
-a minute ago (by any process) alone — no write per request.
+remembers when it last touched a key, queues it, and writes the queue in one conditional UPDATE
+after the response is sent (`request_finished`), leaving a row touched less than a minute ago (by
+any process) alone — no write per request, and no request waits for one.
 """
 
 import hmac
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -26,7 +28,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import connection
+from django.core.signals import request_finished
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework import authentication, exceptions
@@ -36,6 +39,7 @@ from accounts.keys import hash_key, parse_prefix
 from accounts.models import ApiKey
 from accounts.selectors import FINANCE_GROUP
 
+logger = logging.getLogger(__name__)
 _MAX_CACHED = 4096
 _cached: dict[str, tuple[float, tuple[Any, ...]]] = {}  # prefix -> (loaded at, monotonic; row)
 _touched: dict[int, float] = {}  # key id -> when this process last wrote its last_used_at
@@ -109,9 +113,13 @@ def forget_api_key(prefix: str) -> None:
     _cached.pop(prefix, None)
 
 
+_pending: set[int] = set()  # keys used since their last write, written when a response is done
+
+
 def _touch(key: ApiKey) -> None:
-    """Record use: at most one UPDATE per key per process per minute, a no-op for a row that
-    another process touched less than a minute ago."""
+    """Record use: at most once per key per process per minute, the key is queued for a
+    `last_used_at` write that runs after the response is sent (`request_finished`), so no
+    request waits for that write and its commit."""
     every = float(getattr(settings, "API_KEY_TOUCH_SECONDS", 60.0))
     now = time.monotonic()
     last = _touched.get(key.pk)
@@ -124,10 +132,29 @@ def _touch(key: ApiKey) -> None:
         if len(_touched) >= _MAX_CACHED:
             _touched.clear()
         _touched[key.pk] = now
+        _pending.add(key.pk)
+
+
+def flush_key_touches(**_kwargs: Any) -> None:
+    """Write the queued `last_used_at`s in one UPDATE; a row touched less than a minute ago (by
+    any process) is left alone. Connected to `request_finished` (after the response is sent)."""
+    if not _pending:
+        return
+    with _touch_lock:
+        ids = sorted(_pending)
+        _pending.clear()
+    every = float(getattr(settings, "API_KEY_TOUCH_SECONDS", 60.0))
     at = timezone.now()
-    ApiKey.objects.filter(pk=key.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=at - timedelta(seconds=every))
-    ).update(last_used_at=at)
+    try:
+        with transaction.atomic():  # a savepoint if some caller's transaction is open
+            ApiKey.objects.filter(pk__in=ids).filter(
+                Q(last_used_at__isnull=True) | Q(last_used_at__lt=at - timedelta(seconds=every))
+            ).update(last_used_at=at)
+    except DatabaseError:  # informational only: never fail (or poison) the finished request
+        logger.warning("could not record API key use", exc_info=True)
+
+
+request_finished.connect(flush_key_touches, dispatch_uid="accounts.api_key_touches")
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

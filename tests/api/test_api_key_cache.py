@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.test import APIClient
+from rest_framework.test import APIClient, APIRequestFactory
 
 from accounts.api import authentication
 from accounts.models import ApiKey
@@ -134,3 +134,18 @@ def test_last_used_at_is_not_rewritten_when_another_process_just_did(tenant: Ten
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=recent)
     assert _client(raw).get("/api/v1/jobs").status_code == 200
     assert ApiKey.objects.get(pk=key.pk).last_used_at == recent
+
+
+def test_key_uses_are_written_after_the_response_in_one_statement(tenant: Tenant,
+                                                                  clock: Clock) -> None:
+    keys = [create_api_key(user=tenant.user, name=f"k{i}") for i in range(3)]
+    # Authenticate without finishing a request: the uses are only queued.
+    for key, raw in keys:
+        request = APIRequestFactory().get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {raw}")
+        assert authentication.ApiKeyAuthentication().authenticate(request)[1].pk == key.pk
+    assert ApiKey.objects.filter(last_used_at__isnull=False).count() == 0
+    with CaptureQueriesContext(connection) as queries:
+        authentication.flush_key_touches()
+    updates = [q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 1
+    assert ApiKey.objects.filter(last_used_at__isnull=False).count() == 3
