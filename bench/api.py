@@ -19,6 +19,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -199,6 +200,97 @@ def direct_run(project_id: int, user: object, requests: int) -> dict:
     }
 
 
+def profile(mode: str, requests: int) -> None:
+    """One org's submissions through the WSGI app in this process (no HTTP server, one thread).
+
+    `cpu`: cProfile (process CPU) of `requests` submissions, by cumulative then own time;
+    `sql`: the statements of one submission; `lock`: per submission, the time from the end of the
+    budgets read (the next statement, `ledger_place_hold`, takes the bucket locks) to the end of
+    the COMMIT, and each statement in that window.
+    """
+    import cProfile
+    import io
+    import pstats
+
+    setup_database()
+    targets, _user = seed(1)
+    from django.core.wsgi import get_wsgi_application
+    from django.db import connection, connections
+    from django.test.utils import CaptureQueriesContext
+
+    app = get_wsgi_application()
+    project, key = targets[0]
+    payload = json.dumps(body(project)).encode()
+
+    def call() -> None:
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/jobs", "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+            "HTTP_HOST": "127.0.0.1", "REMOTE_ADDR": "127.0.0.1", "wsgi.errors": sys.stderr,
+            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(payload)),
+            "wsgi.input": io.BytesIO(payload), "HTTP_AUTHORIZATION": f"Bearer {key}",
+            "HTTP_IDEMPOTENCY_KEY": uuid.uuid4().hex,
+        }
+        status: list[str] = []
+        out = app(environ, lambda s, h, e=None: status.append(s))
+        b"".join(out)
+        out.close()
+        assert status[0].startswith("201"), status
+
+    for _ in range(50):  # warm caches and the connection
+        call()
+    if mode == "sql":
+        with CaptureQueriesContext(connection) as queries:
+            call()
+        for q in queries.captured_queries:
+            print(f"{q['time']} {q['sql'][:120]} ... {q['sql'][-50:]}")
+        return
+    if mode == "lock":
+        marks: dict[str, float] = {}
+        spans: dict[str, list[float]] = {}
+
+        def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                end = time.perf_counter()
+                if "start" in marks:
+                    spans.setdefault(sql.strip()[:40], []).append((end - marks["last"]) * 1000)
+                if "FROM budgets_budget" in sql:
+                    marks.setdefault("start", end)
+                marks["last"] = end
+
+        wrapper_class = type(connections["default"])
+        original = wrapper_class._commit
+
+        def commit(self: Any) -> None:
+            original(self)
+            marks["commit"] = time.perf_counter()
+
+        wrapper_class._commit = commit
+        windows = []
+        for _ in range(requests):
+            marks.clear()
+            with connection.execute_wrapper(timed):
+                call()
+            windows.append((marks["commit"] - marks["start"]) * 1000)
+        windows.sort()
+        for sql, times in spans.items():
+            print(f"  {sql!r} (since the previous statement): median {statistics.median(times):.2f} ms")
+        print(f"budgets read -> COMMIT done: median {statistics.median(windows):.2f} ms, "
+              f"p90 {windows[int(len(windows) * 0.9)]:.2f} ms")
+        return
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    for _ in range(requests):
+        call()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    print(f"{stats.total_calls / requests:.0f} Python function calls per submission")  # type: ignore[attr-defined]
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
@@ -206,7 +298,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="gunicorn processes (~1.5x the cores)")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (gthread)")
     parser.add_argument("--gunicorn-config", default="", help="a gunicorn config file (-c), e.g. hooks")
+    parser.add_argument("--profile", choices=["cpu", "sql", "lock"],
+                        help="no server: profile submissions in-process instead (see `profile`)")
     args = parser.parse_args()
+    if args.profile:
+        profile(args.profile, args.requests)
+        return
     setup_database()
     targets, user = seed(101)
     hot, spread = targets[:1], targets[1:]
