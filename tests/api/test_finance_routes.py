@@ -157,3 +157,36 @@ def test_job_list_detail_filters_and_cancel(api: APIClient, job_body: Any, tenan
     assert api.get("/api/v1/jobs?state=cancelled").json()["count"] == 1
     assert api.get("/api/v1/jobs?state=nope").status_code == 400
     assert api.get("/api/v1/jobs/999999").json()["type"] == "not-found"
+
+
+_WINDOW = {"period": "window", "limit": 5, "enforcement": "soft"}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({**_WINDOW, "window_start": "2020-02-01T00:00:00Z", "window_end": "2020-01-01T00:00:00Z"},
+     "window_end"),
+    ({**_WINDOW, "window_start": "2020-01-01T00:00:00Z", "window_end": "2020-01-01T00:00:00Z"},
+     "window_end"),
+    # 2020-01-01 00:00 +14:00 is 2019-12-31 10:00Z, before 2020-01-01 00:00 -12:00 (12:00Z): valid
+    ({**_WINDOW, "window_start": "2020-01-01T00:00:00-12:00", "window_end": "2020-01-01T00:00:00+14:00"},
+     "window_end"),
+    ({**_WINDOW, "window_start": "2020-01-01T00:00:00Z"}, "window_end"),
+    ({"period": "month", "limit": 5, "enforcement": "soft", "window_start": "2020-01-01T00:00:00Z"},
+     "window_start"),
+    ({"period": "month", "limit": -1, "enforcement": "soft"}, "limit"),
+    ({"period": "decade", "limit": 5, "enforcement": "soft"}, "period"),
+])
+def test_bad_budget_bodies_are_400_and_write_nothing(tenant: Tenant, body: dict, field: str) -> None:
+    response = send(client_for(tenant.admin), "put", f"/api/v1/orgs/{tenant.org.pk}/budget", body)
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    assert field in response.json()["errors"]
+    assert not Budget.objects.exists()
+
+
+def test_window_times_compare_as_instants_across_offsets(tenant: Tenant) -> None:
+    body = {**_WINDOW, "window_start": "2020-01-01T00:00:00+14:00", "window_end": "2020-01-01T00:00:00-12:00"}
+    response = send(client_for(tenant.admin), "put", f"/api/v1/orgs/{tenant.org.pk}/budget", body)
+    assert response.status_code == 201, response.content
+    assert response.json()["window_start"] == "2019-12-31T10:00:00Z"
+    assert response.json()["window_end"] == "2020-01-01T12:00:00Z"

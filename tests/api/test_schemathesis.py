@@ -2,6 +2,7 @@
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from django.core import signals
 from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from accounts.models import Region
 from accounts.services import create_api_key
@@ -68,4 +70,23 @@ def test_api_conforms_to_its_schema(case: Any, auth_header: dict[str, str]) -> N
         # Like a real client: a fresh key per intended effect. (Hypothesis would otherwise reuse
         # minimal keys such as "0" across different bodies, which is a correct 422.)
         headers["Idempotency-Key"] = uuid.uuid4().hex
-    case.call_and_validate(headers=headers)
+    excluded = [positive_data_acceptance] if _violates_budget_window_rule(case) else []
+    case.call_and_validate(headers=headers, excluded_checks=excluded)
+
+
+def _violates_budget_window_rule(case: Any) -> bool:
+    """A budget body that is schema-valid but breaks the cross-field rule OpenAPI 3.0 cannot state
+    (window budgets need window_start < window_end; month budgets take no window): a 400 is the
+    right answer there (tests/api/test_finance_routes.py checks it), not a schema violation."""
+    body = case.body if isinstance(case.body, dict) else None
+    if case.method.upper() != "PUT" or not case.path.endswith("/budget") or body is None:
+        return False
+    start, end = body.get("window_start"), body.get("window_end")
+    if body.get("period") != "window":
+        return start is not None or end is not None
+    if start is None or end is None:
+        return True
+    try:
+        return datetime.fromisoformat(end) <= datetime.fromisoformat(start)
+    except (TypeError, ValueError):
+        return False  # unparseable times must still be judged by every check
