@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, IntegerField, Q, Value, When
 
 from accounts.models import Organization, Project
@@ -284,6 +284,13 @@ def record_release_many(*, items: Sequence[tuple[Hold, int]]) -> None:
         )
 
 
+def _is_scope_conflict(error: IntegrityError) -> bool:
+    diag = getattr(error.__cause__, "diag", None)
+    if diag is not None:  # PostgreSQL names the violated constraint
+        return diag.constraint_name == "budget_scope_unique"
+    return "UNIQUE constraint failed" in str(error)  # embedded SQLite
+
+
 @transaction.atomic
 def set_budget(
     *,
@@ -314,14 +321,20 @@ def set_budget(
     )
     fields = {"level": level, "period": period, "limit": limit, "enforcement": enforcement,
               "window_start": window_start, "window_end": window_end}
-    budget = (
-        Budget.objects.select_for_update()
-        .filter(org=org, project=project, user=user).first()
-    )
-    created = budget is None
+    scope = Budget.objects.select_for_update().filter(org=org, project=project, user=user)
+    budget = scope.first()
+    created = False
     if budget is None:
-        budget = Budget.objects.create(org=org, project=project, user=user, **fields)
-    else:
+        try:
+            with transaction.atomic():  # a concurrent PUT may create this scope's row first
+                budget = Budget.objects.create(org=org, project=project, user=user, **fields)
+            created = True
+        except IntegrityError as error:
+            if not _is_scope_conflict(error):
+                raise
+            # The other PUT committed this scope's row first: replace it like any update.
+            budget = scope.get()
+    if not created:
         for name, value in fields.items():
             setattr(budget, name, value)
         budget.save()

@@ -190,3 +190,25 @@ def test_window_times_compare_as_instants_across_offsets(tenant: Tenant) -> None
     assert response.status_code == 201, response.content
     assert response.json()["window_start"] == "2019-12-31T10:00:00Z"
     assert response.json()["window_end"] == "2020-01-01T12:00:00Z"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_budget_puts_on_a_new_scope_leave_one_budget(tenant: Tenant) -> None:
+    """Several PUTs with different Idempotency-Keys race to create the same scope's budget: every
+    one succeeds (one creates, the others replace), never a 500, and one row remains."""
+    from tests.api.concurrency import run_concurrently
+
+    url = f"/api/v1/orgs/{tenant.org.pk}/budget"
+
+    def put(limit: int) -> Any:
+        def call() -> tuple[int, Any]:
+            response = send(client_for(tenant.admin), "put", url,
+                            {"period": "month", "limit": limit, "enforcement": "hard"})
+            return response.status_code, response.json()
+        return call
+
+    results = run_concurrently([put(limit) for limit in range(1, 9)], threads=8)
+    statuses = sorted(status for status, _ in results)
+    assert statuses.count(201) >= 1 and set(statuses) <= {200, 201}, results
+    budget = Budget.objects.get(org=tenant.org, project=None, user=None)
+    assert budget.limit in range(1, 9)
