@@ -27,7 +27,8 @@ class BucketSource(models.TextChoices):
 class Bucket(models.Model):
     """A lot of credits with its own kind, source, validity window and applicability."""
 
-    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="buckets")
+    # db_index=False: (org, reference) and (org, expires_at) indexes lead with org already.
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="buckets", db_index=False)
     project = models.ForeignKey(
         Project, null=True, blank=True, on_delete=models.PROTECT, related_name="buckets"
     )
@@ -95,7 +96,10 @@ class TransactionKind(models.TextChoices):
 class LedgerTransaction(models.Model):
     """One balanced movement of credits; its postings sum to zero."""
 
-    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="transactions")
+    # db_index=False: the unique (org, key) index leads with org (one index entry less per row).
+    org = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="transactions", db_index=False
+    )
     kind = models.CharField(max_length=16, choices=TransactionKind.choices)
     # Natural idempotency key of the operation, e.g. "hold:<key>", "expire:<bucket>".
     key = models.CharField(max_length=200)
@@ -169,7 +173,8 @@ class HoldState(models.TextChoices):
 class Hold(models.Model):
     """A two-phase authorization against buckets; settled exactly once."""
 
-    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="holds")
+    # db_index=False: the unique (org, key) index leads with org (one index entry less per row).
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="holds", db_index=False)
     project = models.ForeignKey(
         Project, null=True, blank=True, on_delete=models.PROTECT, related_name="holds"
     )
@@ -217,7 +222,8 @@ class Hold(models.Model):
 class HoldLine(models.Model):
     """The part of a hold drawn from one bucket, so releases go back where they came from."""
 
-    hold = models.ForeignKey(Hold, on_delete=models.PROTECT, related_name="lines")
+    # db_index=False: the unique (hold, bucket) index leads with hold.
+    hold = models.ForeignKey(Hold, on_delete=models.PROTECT, related_name="lines", db_index=False)
     bucket = models.ForeignKey(Bucket, on_delete=models.PROTECT, related_name="hold_lines")
     authorized = models.BigIntegerField(default=0)
     captured = models.BigIntegerField(default=0)
