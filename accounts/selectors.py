@@ -9,6 +9,8 @@ object exists); 403 is reserved for callers who may see an object but not change
 - Submitting jobs needs a non-viewer project membership, or org owner/admin.
 """
 
+from functools import cache
+
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import Model, Q, QuerySet
@@ -16,6 +18,7 @@ from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
 from accounts.models import Membership, Organization, OrgMembership, OrgRole, Project
+from config import prepared
 
 FINANCE_GROUP = "finance"
 ORG_MANAGER_ROLES = (OrgRole.OWNER, OrgRole.ADMIN)
@@ -72,12 +75,8 @@ def _columns(model: type[Model], alias: str) -> tuple[list[str], str]:
     return fields, ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
 
 
-def get_visible_project_for_submit(user: AnyUser, project_id: int) -> Project:
-    """`get_visible_project` in one statement that also reads the caller's roles, so the
-    `can_submit` that follows costs no query (the roles are kept on the returned project).
-
-    Plain SQL: on the submission path the ORM's query compilation cost more than the query.
-    """
+@cache
+def _submit_project_sql() -> tuple[str, list[str], list[str]]:
     project_fields, project_cols = _columns(Project, "p")
     org_fields, org_cols = _columns(Organization, "o")
     sql = (
@@ -89,9 +88,18 @@ def get_visible_project_for_submit(user: AnyUser, project_id: int) -> Project:
         f"FROM {Project._meta.db_table} p JOIN {Organization._meta.db_table} o ON o.id = p.org_id "
         "WHERE p.id = %s"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [user.pk, user.pk, project_id])
-        row = cursor.fetchone()
+    return sql, project_fields, org_fields
+
+
+def get_visible_project_for_submit(user: AnyUser, project_id: int) -> Project:
+    """`get_visible_project` in one statement that also reads the caller's roles, so the
+    `can_submit` that follows costs no query (the roles are kept on the returned project).
+
+    Plain SQL: on the submission path the ORM's query compilation cost more than the query.
+    """
+    sql, project_fields, org_fields = _submit_project_sql()
+    # Prepared: planning this join cost ~4x running it.
+    row = prepared.execute(sql, [user.pk, user.pk, project_id])
     if row is None:
         raise Http404("No such project.")
     n = len(project_fields)

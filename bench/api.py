@@ -369,6 +369,8 @@ def profile(mode: str, requests: int) -> None:
     for _ in range(requests):
         call()
     profiler.disable()
+    if out := os.environ.get("BENCH_PROFILE_OUT"):
+        profiler.dump_stats(out)
     stats = pstats.Stats(profiler)
     print(f"{stats.total_calls / requests:.0f} Python function calls per submission")  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(60)

@@ -31,6 +31,7 @@ from budgets.models import (
     Enforcement,
 )
 from budgets.periods import period_bounds
+from config import prepared
 from config.clock import db_now
 from ledger.models import Hold
 
@@ -61,11 +62,9 @@ def _applicable(org_id: int, project_id: int | None, user_id: int | None) -> lis
         "WHERE org_id = %s AND (level = %s OR (level = %s AND project_id = %s) "
         "OR (level = %s AND project_id = %s AND user_id = %s)) ORDER BY id"
     )
-    params = [org_id, BudgetLevel.ORG, BudgetLevel.PROJECT, project_id, BudgetLevel.MEMBER,
-              project_id, user_id]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    params = [org_id, BudgetLevel.ORG.value, BudgetLevel.PROJECT.value, project_id,
+              BudgetLevel.MEMBER.value, project_id, user_id]
+    rows = prepared.execute(sql, params, fetch="all")  # prepared: planning cost more than running
     return [Budget.from_db(connection.alias, fields, row) for row in rows]
 
 

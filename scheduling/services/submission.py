@@ -9,10 +9,11 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 
 from accounts.models import Project
 from accounts.selectors import can_submit
+from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
 from ledger.services import CallerEvent
@@ -85,29 +86,51 @@ def _validate(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
     return cls, preemptible
 
 
+# Field classes whose `get_db_prep_save` returns a value of exactly this Python type unchanged
+# (`int(v)` / `str(v)` / `bool(v)` of it, or None when the field is nullable).
+_PLAIN: dict[type, type] = {
+    models.BigIntegerField: int, models.PositiveIntegerField: int, models.IntegerField: int,
+    models.AutoField: int, models.BigAutoField: int,
+    models.CharField: str, models.TextField: str, models.BooleanField: bool,
+}
+
+
 @cache
-def _insert_sql() -> tuple[str, tuple[Any, ...]]:
+def _insert_sql() -> tuple[str, tuple[tuple[Any, str, type | None, bool], ...]]:
     fields = tuple(f for f in Job._meta.concrete_fields if not f.primary_key)
     quote = connection.ops.quote_name
     sql = (
         f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
         f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(Job._meta.pk.column)}"
     )
-    return sql, fields
+    plan = []
+    for f in fields:
+        target = f.target_field if f.is_relation else f
+        plain = _PLAIN.get(type(target))
+        # auto_now / auto_now_add fields compute their value in `pre_save`.
+        computed = bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False))
+        plan.append((f, f.attname, None if computed else plain, f.null))
+    return sql, tuple(plan)
 
 
 def _insert(job: Job) -> None:
-    """`job.save(force_insert=True)` as one precompiled statement on PostgreSQL (the ORM's
-    compilation of this insert cost more than the round trip). Same values: each field's
-    `pre_save` (auto_now) and `get_db_prep_save`; Job has no save signal receivers or history."""
+    """`job.save(force_insert=True)` as one precompiled, server-side prepared statement on
+    PostgreSQL (the ORM's compilation of this insert cost more than the round trip, and
+    PostgreSQL's planning of it more than running it). Same values: a plain int/str/bool (or
+    None where allowed) goes as is, which is what its field's `get_db_prep_save` returns for
+    it; anything else goes through `pre_save` and `get_db_prep_save`. Job has no save signal
+    receivers or history."""
     if connection.vendor != "postgresql":
         job.save(force_insert=True)
         return
-    sql, fields = _insert_sql()
-    params = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        (job.pk,) = cursor.fetchone()
+    sql, plan = _insert_sql()
+    params = []
+    for f, attname, plain, null in plan:
+        value = job.__dict__.get(attname)
+        if plain is None or not (type(value) is plain or (value is None and null)):
+            value = f.get_db_prep_save(f.pre_save(job, True), connection)
+        params.append(value)
+    (job.pk,) = prepared.execute(sql, params)
     job._state.adding = False
     job._state.db = connection.alias
 
