@@ -18,6 +18,9 @@ else:
     DATABASES = {"default": env.db("DATABASE_URL")}
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Same backend; its health check skips the `SELECT 1` round trip on a quiet socket.
+        DATABASES["default"]["ENGINE"] = "config.pgbackend"
 
 REDIS_URL = env.str("REDIS_URL", default="")
 
