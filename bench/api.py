@@ -248,6 +248,10 @@ def http_run(
     client_cpu = time.process_time() - client_before
     web_cpu = sum(_cpu_seconds(pid) for pid in web) - web_before
     db_cpu = sum(_cpu_seconds(pid) for pid in db) - db_before
+    if master:  # backends (or workers) that started during the run count from zero
+        web_after, db_after = server_pids(master)
+        web_cpu += sum(_cpu_seconds(pid) for pid in set(web_after) - set(web))
+        db_cpu += sum(_cpu_seconds(pid) for pid in set(db_after) - set(db))
     latencies.sort()
     return {
         "rate": requests / wall,
