@@ -68,3 +68,30 @@ def test_shared_validation_equals_is_valid(body: Any) -> None:
         validated(_JOB_SUBMIT, body)
     assert error.value.detail == serializers.ValidationError(fresh.errors).detail
     assert error.value.get_codes() == serializers.ValidationError(fresh.errors).get_codes()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"preemptible": False, "command": "", "regions": ["eu"]}])
+def test_job_insert_writes_what_save_writes(tenant: Tenant, fleet: Any, overrides: dict) -> None:
+    """`submission._insert` (prepared, plain values passed as they are) stores the same row as
+    `save(force_insert=True)`."""
+    from django.utils import timezone
+
+    from scheduling.models import PriorityClass
+    from scheduling.services.submission import _insert
+
+    cls = PriorityClass.objects.get(name="standard")
+    fields: dict[str, Any] = {
+        "org_id": tenant.org.pk, "project": tenant.project, "user": tenant.user, "name": "n",
+        "gpu_types": ["H100", "A100"], "gpu_count": 2, "gpu_memory_gb": 40,
+        "max_wall_seconds": 3600, "priority_class_id": cls.pk, "preemptible": True,
+        "command": "run ✓", "regions": [], "state": "queued", "submitted_at": timezone.now(),
+        "estimate": 2**40, **overrides,
+    }
+    fast, orm = Job(**fields), Job(**fields)
+    _insert(fast)
+    orm.save(force_insert=True)
+    rows = {row.pop("id"): row for row in Job.objects.filter(pk__in=[fast.pk, orm.pk]).values()}
+    for row in rows.values():
+        row.pop("updated_at")
+    assert rows[fast.pk] == rows[orm.pk]
+    assert fast.updated_at is not None and not fast._state.adding
