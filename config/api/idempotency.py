@@ -103,12 +103,9 @@ def _postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
-def _claim(principal: str, key: str, fp: str, setup_sql: str = "") -> tuple[int, datetime] | StoredResponse:
+def _claim(principal: str, key: str, fp: str) -> tuple[int, datetime] | StoredResponse:
     """Insert the in-flight record (returns its id and the transaction's `now()`, which
-    `config.clock.db_now` would read) or return the stored response to replay.
-
-    `setup_sql`: one parameterless statement (PostgreSQL) to run first in the same round trip,
-    e.g. a transaction-level `SET CONSTRAINTS`."""
+    `config.clock.db_now` would read) or return the stored response to replay."""
     ttl = int(settings.IDEMPOTENCY_KEY_TTL_SECONDS)
     wait_ms = int(settings.IDEMPOTENCY_LOCK_WAIT_MS)
     if not _postgres():  # embedded SQLite: writers are serialized (IMMEDIATE transactions)
@@ -125,12 +122,10 @@ def _claim(principal: str, key: str, fp: str, setup_sql: str = "") -> tuple[int,
             # statements after the claim, e.g. bucket locks, must not inherit the short timeout).
             # Parameters are bound client-side (Django's default psycopg cursor), so the three
             # statements travel together; the INSERT's result is the second result set.
-            sql = f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT"
-            if setup_sql:
-                sql = f"{setup_sql}; {sql}"
-            cursor.execute(sql, [principal, key, fp, ttl])
-            if setup_sql:
-                cursor.nextset()
+            cursor.execute(
+                f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT",
+                [principal, key, fp, ttl],
+            )
             cursor.nextset()
             row = cursor.fetchone()
             if row is not None:
@@ -186,14 +181,13 @@ def _commit_inline() -> bool:
 
 def run_idempotent(
     request: Request, effect: Effect, *, deferred_writes: list[tuple[str, list[Any]]] | None = None,
-    pass_now: bool = False, setup_sql: str = "",
+    pass_now: bool = False,
 ) -> Response:
     """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response.
 
     `deferred_writes`: statements (sql, params) the effect appended to this list; they run in
     the same transaction, in the same round trip as the record's completion (after it).
     `pass_now`: call `effect(now)` with the transaction's `now()` (read with the claim).
-    `setup_sql`: a parameterless statement sent with the claim, first (PostgreSQL only).
 
     When this is the outermost transaction (PostgreSQL), that same round trip ends with the
     COMMIT: psycopg then finds the connection idle and Django's commit at the end of the atomic
@@ -207,7 +201,7 @@ def run_idempotent(
     for attempt in range(1, RETRIES + 1):
         try:
             with transaction.atomic():
-                claimed = _claim(principal, key, fp, setup_sql)
+                claimed = _claim(principal, key, fp)
                 if isinstance(claimed, StoredResponse):
                     stored = claimed
                 else:

@@ -25,7 +25,7 @@ from scheduling.api.serializers import (
 )
 from scheduling.models import Job
 from scheduling.services.lifecycle import cancel_job
-from scheduling.services.submission import JobSpec, immediate_fk_checks_sql, submit_job
+from scheduling.services.submission import JobSpec, submit_job
 
 # The submission body's serializer, built once: DRF builds a serializer's fields per instance
 # (deep copies), which cost more than validating one body. See `config.api.serializers.validated`.
@@ -113,8 +113,7 @@ class JobListCreateView(GenericAPIView):
 
         with submission_gate(request, org_id=project.org_id, cap=project.org.max_inflight_submissions,
                              scope="jobs-submit"):
-            return run_idempotent(request, effect, deferred_writes=deferred, pass_now=True,
-                                  setup_sql=immediate_fk_checks_sql())
+            return run_idempotent(request, effect, deferred_writes=deferred, pass_now=True)
 
 
 class JobDetailView(GenericAPIView):

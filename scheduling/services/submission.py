@@ -135,34 +135,6 @@ def _insert(job: Job) -> None:
     job._state.db = connection.alias
 
 
-@cache
-def _immediate_fks_sql() -> str:
-    """`SET CONSTRAINTS … IMMEDIATE` for the job's foreign keys other than its hold pointer."""
-    quote = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a "
-            "ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
-            "WHERE c.conrelid = %s::regclass AND c.contype = 'f' AND c.condeferrable "
-            "AND a.attname <> %s ORDER BY c.conname",
-            [Job._meta.db_table, _CURRENT_HOLD],
-        )
-        names = [quote(name) for (name,) in cursor.fetchall()]
-    return f"SET CONSTRAINTS {', '.join(names)} IMMEDIATE" if names else ""
-
-
-def immediate_fk_checks_sql() -> str:
-    """A statement for the submission's transaction (before the job INSERT; the API sends it
-    with the idempotency claim) that checks the job's org, project, user and priority class
-    foreign keys at the INSERT instead of at COMMIT (Django declares them DEFERRABLE INITIALLY
-    DEFERRED). The checks are the same; done at COMMIT they ran while the org's budget and
-    bucket rows were locked (≈ 0.1 ms of the hot rows' window), done at the INSERT they run
-    before those locks. The hold pointer's key stays deferred. "" when not PostgreSQL."""
-    if connection.vendor != "postgresql":
-        return ""
-    return _immediate_fks_sql()
-
-
 _last_trigger = 0.0  # monotonic time this process last asked for an early pass
 
 

@@ -95,38 +95,3 @@ def test_job_insert_writes_what_save_writes(tenant: Tenant, fleet: Any, override
         row.pop("updated_at")
     assert rows[fast.pk] == rows[orm.pk]
     assert fast.updated_at is not None and not fast._state.adding
-
-
-def test_job_foreign_keys_checked_at_insert_hold_pointer_at_commit(tenant: Tenant, fleet: Any) -> None:
-    """`immediate_fk_checks_sql` (sent with a submission's idempotency claim) moves the job's
-    org/project/user/priority-class checks from COMMIT to the INSERT; the hold pointer's stays
-    deferred (the hold is placed after the job)."""
-    from django.db import IntegrityError, connection, transaction
-    from django.utils import timezone
-
-    from scheduling.models import PriorityClass
-    from scheduling.services.submission import _insert, immediate_fk_checks_sql
-
-    sql = immediate_fk_checks_sql()
-    for column in ("org_id", "project_id", "user_id", "priority_class_id"):
-        assert column.removesuffix("_id") in sql
-    assert "current_hold" not in sql
-    cls = PriorityClass.objects.get(name="standard")
-
-    def job(**fields: Any) -> Job:
-        return Job(**{"org_id": tenant.org.pk, "project": tenant.project, "user": tenant.user,
-                      "name": "n", "gpu_types": ["H100"], "gpu_count": 1, "max_wall_seconds": 60,
-                      "priority_class_id": cls.pk, "state": "queued",
-                      "submitted_at": timezone.now(), **fields})
-
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-        sid = transaction.savepoint()
-        with pytest.raises(IntegrityError):
-            _insert(job(priority_class_id=cls.pk + 10**6))  # raised by the INSERT itself
-        transaction.savepoint_rollback(sid)
-        _insert(job(current_hold_id=10**9))  # a dangling hold pointer passes the INSERT...
-        with pytest.raises(IntegrityError), connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # ...and fails where COMMIT would
-        transaction.set_rollback(True)
