@@ -28,6 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.models import IdempotencyRecord
+from config import prepared
 from config.api.errors import (
     IdempotencyKeyInFlight,
     IdempotencyKeyInvalid,
@@ -90,12 +91,20 @@ def key_of(request: Request) -> str:
     return key
 
 
+# One prepared statement (config/prepared.py). It bounds the wait for a concurrent original with
+# a transaction-local `lock_timeout` set before the row is inserted (the CTE is read first) and
+# puts the previous value back in RETURNING, so the statements after the claim (e.g. bucket
+# locks) do not inherit the short timeout. When the key exists (no row returned) `_claim` resets
+# it itself. Returns the record's id and the transaction's `now()`.
 _INSERT = """
+WITH prev AS (
+    SELECT current_setting('lock_timeout') AS lock_timeout, set_config('lock_timeout', %s, true)
+)
 INSERT INTO accounts_idempotencyrecord
     (principal, key, fingerprint, state, created_at, expires_at)
-VALUES (%s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s))
+SELECT %s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s) FROM prev
 ON CONFLICT (principal, key) DO NOTHING
-RETURNING id, now()
+RETURNING id, now(), set_config('lock_timeout', (SELECT lock_timeout FROM prev), true)
 """
 
 
@@ -117,19 +126,11 @@ def _claim(principal: str, key: str, fp: str) -> tuple[int, datetime] | StoredRe
         if created:
             return record.pk, now
     else:
-        with connection.cursor() as cursor:
-            # One round trip: bound the wait for a concurrent original, insert, unbound it again (the
-            # statements after the claim, e.g. bucket locks, must not inherit the short timeout).
-            # Parameters are bound client-side (Django's default psycopg cursor), so the three
-            # statements travel together; the INSERT's result is the second result set.
-            cursor.execute(
-                f"SET LOCAL lock_timeout = {wait_ms}; {_INSERT}; SET LOCAL lock_timeout = DEFAULT",
-                [principal, key, fp, ttl],
-            )
-            cursor.nextset()
-            row = cursor.fetchone()
-            if row is not None:
-                return int(row[0]), row[1]
+        row = prepared.execute(_INSERT, [str(wait_ms), principal, key, fp, ttl])
+        if row is not None:
+            return int(row[0]), row[1]
+        with connection.cursor() as cursor:  # the key exists: unbound the wait again
+            cursor.execute("SET LOCAL lock_timeout = DEFAULT")
     existing = (
         IdempotencyRecord.objects.filter(principal=principal, key=key)
         .values_list("fingerprint", "state", "response_status", "response_body")

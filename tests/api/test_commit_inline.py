@@ -67,3 +67,32 @@ def test_portable_path_used_by_embedded_sqlite(api: APIClient, job_body: Callabl
     replay = _submit(api, job_body(), key)
     assert replay["Idempotent-Replayed"] == "true" and replay.json() == first.json()
     assert _submit(api, job_body(name="other"), key).status_code == 422
+
+
+def test_claim_bounds_only_its_own_wait(settings: Any) -> None:
+    """The claim sets a short `lock_timeout` for its INSERT and puts the previous one back, on a
+    fresh key and on an existing one, so later statements (bucket locks) wait as usual."""
+    from django.db import transaction
+
+    from config.api.idempotency import _claim
+
+    settings.IDEMPOTENCY_LOCK_WAIT_MS = 1234
+
+    def timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return str(cursor.fetchone()[0])
+
+    key = uuid.uuid4().hex
+    with transaction.atomic():
+        before = timeout()
+        assert before != "1234ms"
+        claimed = _claim("user:1", key, "fp")
+        assert isinstance(claimed, tuple) and timeout() == before
+        connection.cursor().execute(
+            "UPDATE accounts_idempotencyrecord SET state = 'done', response_status = 200, "
+            "response_body = '{}' WHERE id = %s", [claimed[0]])
+    with transaction.atomic():
+        replay = _claim("user:1", key, "fp")
+        assert not isinstance(replay, tuple) and replay.status == 200
+        assert timeout() == before
