@@ -131,7 +131,7 @@ class Sim:
                         st.finish = now
                         done += 1
                     else:
-                        pending[jid] = self._pending(job, job.arrival, remaining[jid])
+                        pending[jid] = self._pending(job, job.arrival, remaining[jid], st.run_seconds)
             # Fair-share usage accrues for running jobs up to now (GPU-seconds, decayed).
             if now > last_accrual and cfg.policy == "fair":  # only the fair policy reads usage
                 acc: dict[tuple[int, ...] | tuple[str, int] | tuple[str, int, int], float] = defaultdict(
@@ -190,6 +190,7 @@ class Sim:
                         started_at=now,
                         max_wall_seconds=d.max_wall_seconds,
                         submitted_at=pj.submitted_at,
+                        prior_run_seconds=pj.run_seconds,
                     )
                     running[job.id] = Attempt(rj, now, rem, end)
                     for node_id, idx in d.allocations:
@@ -219,7 +220,9 @@ class Sim:
         if unfinished:
             print(f"  [{self.label}] {len(unfinished)} jobs never finished (cannot fit)", file=sys.stderr)
 
-    def _pending(self, job: TraceJob, submitted: float, remaining: float = 1.0) -> PendingJob:
+    def _pending(
+        self, job: TraceJob, submitted: float, remaining: float = 1.0, ran: float = 0.0
+    ) -> PendingJob:
         walls = tuple((t, d * remaining * job.wall_factor) for t, d in job.duration.items())
         return PendingJob(
             id=job.id,
@@ -232,6 +235,7 @@ class Sim:
             submitted_at=submitted,
             gpu_types=tuple(job.duration),
             max_wall_by_type=walls,
+            run_seconds=ran,
         )
 
     @staticmethod

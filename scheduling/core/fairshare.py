@@ -86,19 +86,24 @@ def job_priority(
     fairshare_weight + size_weight < 1 keeps classes strictly ordered for fresh jobs; aging grows
     without bound so any job eventually outranks a stream of newer, higher-class or under-share jobs.
     """
-    return priority_value(class_rank, fs, job.gpu_count, wall, now - job.submitted_at, config)
+    waited = max(now - job.submitted_at - job.run_seconds, 0.0)
+    return priority_value(class_rank, fs, job.gpu_count, wall, waited, config)
 
 
 def priority_value(
     class_rank: int, fs: float, gpu_count: int, wall: float, waited: float, config: Config
 ) -> float:
     """The priority formula itself, shared by queued jobs and by running jobs as if re-queued."""
-    return (
+    value = (
         class_rank
         + config.fairshare_weight * fs
         + config.size_weight * size_factor(gpu_count, wall, config.size_gpu_exponent)
         + max(waited - config.aging_grace_wall_factor * wall, 0.0) / config.aging_seconds_per_class
     )
+    if config.response_ratio_weight and waited > 0:
+        ratio = 1.0 + waited / max(wall, config.response_ratio_floor_seconds)
+        value += config.response_ratio_weight * math.log2(ratio)
+    return value
 
 
 @dataclass(slots=True)

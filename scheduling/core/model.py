@@ -84,6 +84,9 @@ class PendingJob:
     """False when the ledger could not fund the hold; the job waits with reason `budget`."""
     max_wall_by_type: tuple[tuple[str, float], ...] = ()
     """Optional per-type wall limit (a slow type needs longer); falls back to `max_wall_seconds`."""
+    run_seconds: float = 0.0
+    """Seconds this job already ran in earlier attempts (a preempted job queued again). Aging counts
+    time spent waiting, so this is subtracted from the time since submission."""
 
     def wall_on(self, gpu_type: str) -> float:
         for name, seconds in self.max_wall_by_type:
@@ -110,6 +113,8 @@ class RunningJob:
     preemption_requested_at: float | None = None
     submitted_at: float | None = None
     """Original submission time; a preempted job re-queues with it (defaults to `started_at`)."""
+    prior_run_seconds: float = 0.0
+    """Seconds the job ran in attempts before this one (not waiting, so not aged)."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Derived from `allocations` once: it is read in every pass for every running job."""
 
@@ -161,6 +166,12 @@ class Config:
     """A job starts aging only after waiting this x its requested wall time (slack proportional to
     size, as a deadline of submit + k x wall): short jobs age at once, long ones later, so the
     size factor is not washed out by deep queues. 0 = every job ages from submission."""
+    response_ratio_weight: float = 0.0
+    """Weight of log2 of the job's response ratio, 1 + wait / max(wall, response_ratio_floor_seconds)
+    (HRRN-like aging relative to the job's size: a short job gains a class step after waiting a few
+    times its wall, a long one only after waiting many times its length). 0 = off."""
+    response_ratio_floor_seconds: float = 600.0
+    """Walls shorter than this count as this long in the response ratio (bounded slowdown's floor)."""
     slow_type_wait_factor: float = 0.5
     """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
     a slower type would cost (ski rental); 0 = always take the first type that fits."""

@@ -361,9 +361,11 @@ class _Pass:
         submitted = job.submitted_at if job.submitted_at is not None else job.started_at
         rank = self.cls(job.priority_class).rank
         wall = job.max_wall_seconds
-        return priority_value(
-            rank, self._running_fs(job), job.gpu_count, wall, self.now - submitted, self.cfg
-        )
+        # Aging rewards waiting, not running: a job re-queued now has waited only the time before
+        # its attempts started. Counting its run time too made a job that had run for weeks
+        # outrank every preemptor, i.e. long runs became immune to preemption.
+        waited = max(job.started_at - submitted - job.prior_run_seconds, 0.0)
+        return priority_value(rank, self._running_fs(job), job.gpu_count, wall, waited, self.cfg)
 
     def _running_fs(self, job: RunningJob) -> float:
         return self.fs.get((job.org_id, job.project_id, job.user_id), 1.0)

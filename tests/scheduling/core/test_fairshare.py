@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduling.core import Shares, Usage, fair_tree_factors, schedule
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -123,3 +125,38 @@ def test_size_factor_on_gpu_hours_is_optional() -> None:
 
     assert size_factor(8, 3600) == size_factor(1, 3600)  # default: wall time only
     assert size_factor(8, 3600, 1.0) == size_factor(1, 8 * 3600, 1.0) < size_factor(1, 3600, 1.0)
+
+
+def test_run_time_of_earlier_attempts_does_not_age_a_requeued_job() -> None:
+    from scheduling.core import Config, job_priority
+
+    day = 86_400.0
+    cfg = Config(aging_seconds_per_class=day, fairshare_weight=0.0, size_weight=0.0)
+    fresh = job(1, submitted=0.0, wall=3600.0)
+    requeued = job(2, submitted=0.0, wall=3600.0, run_seconds=5 * day)
+    assert job_priority(fresh, 6 * day, 3, 0.5, cfg, 3600.0) == 3 + 6.0
+    assert job_priority(requeued, 6 * day, 3, 0.5, cfg, 3600.0) == 3 + 1.0
+
+
+def test_response_ratio_ages_short_jobs_faster() -> None:
+    from scheduling.core import Config
+    from scheduling.core.fairshare import priority_value
+
+    hour = 3600.0
+    cfg = Config(
+        response_ratio_weight=0.2, fairshare_weight=0.0, size_weight=0.0, aging_seconds_per_class=1e12
+    )
+
+    def gain(wall: float, waited: float) -> float:
+        return priority_value(3, 0.0, 1, wall, waited, cfg) - priority_value(3, 0.0, 1, wall, 0.0, cfg)
+
+    assert gain(hour, 0.0) == 0.0  # fresh jobs: classes stay strictly ordered
+    # Same wait, ratio 1 + wait / wall: 1 h job waited 7 h -> 0.2 x log2(8) = 0.6 steps.
+    assert gain(hour, 7 * hour) == pytest.approx(0.6, abs=1e-6)
+    assert gain(7 * hour, 7 * hour) == pytest.approx(0.2, abs=1e-6)
+    # The floor: a 1-minute job counts as 10 minutes.
+    assert gain(60.0, 600.0) == gain(600.0, 600.0)
+    # Off by default.
+    assert priority_value(3, 0.0, 1, hour, 7 * hour, Config(aging_seconds_per_class=1e12)) == pytest.approx(
+        priority_value(3, 0.0, 1, hour, 0.0, Config(aging_seconds_per_class=1e12)), abs=1e-6
+    )

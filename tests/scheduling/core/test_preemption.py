@@ -168,3 +168,28 @@ def test_a_victim_past_its_wall_limit_can_still_be_preempted_without_a_gain_rule
     run = [running(50, ((1, tuple(range(8))),), cls="batch", started=0, wall=3600)]
     res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW))
     assert [p.job_id for p in res.preemptions] == [50]
+
+
+def test_time_running_does_not_age_a_victim() -> None:
+    # Aging rewards waiting. A standard job that started at once and has run for a long time has
+    # waited nothing, so a production job may preempt it. Before this rule its run time counted
+    # as waiting (3 class steps here) and long runs became immune to preemption.
+    long_run = [
+        running(50, ((1, tuple(range(8))),), cls="standard", started=0.0, wall=99_999, submitted_at=0.0)
+    ]
+    pending = [job(1, gpus=8, cls="production", submitted=NOW)]
+    res = schedule(snap([node(1)], pending, long_run, now=NOW, aging_seconds_per_class=NOW / 3))
+    assert [p.job_id for p in res.preemptions] == [50]
+
+
+def test_earlier_attempts_run_time_does_not_age_a_victim() -> None:
+    # Submitted at 0, ran 9,000 s in an earlier attempt, re-started at NOW - 1000: it waited 0 s.
+    run = running(
+        50, ((1, tuple(range(8))),), cls="standard", started=NOW - 1000, wall=99_999, submitted_at=0.0
+    )
+    pending = [job(1, gpus=8, cls="production", submitted=NOW)]
+    counted = replace(run, prior_run_seconds=NOW - 1000)
+    res = schedule(snap([node(1)], pending, [counted], now=NOW, aging_seconds_per_class=NOW / 3))
+    assert [p.job_id for p in res.preemptions] == [50]
+    res = schedule(snap([node(1)], pending, [run], now=NOW, aging_seconds_per_class=NOW / 3))
+    assert res.preemptions == []  # unknown history: its 9,000 s before this start count as waiting
