@@ -6,11 +6,22 @@ Times become float seconds since the epoch (the core's clock); `now` is the data
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import DateTimeField, OuterRef, Q, Subquery, Sum, Value
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+)
 from django.db.models.functions import Coalesce, TruncHour
 
 from accounts.models import Membership, Organization, Project
@@ -151,6 +162,21 @@ def load_quotas() -> core.Quotas:
     return core.Quotas(org=org, project=project)
 
 
+def earlier_run_seconds(job_ids: Iterable[int]) -> dict[int, float]:
+    """Seconds each job ran in attempts that have ended: aging counts waiting, not running."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    ran = ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField())
+    rows = (
+        JobAttempt.objects.filter(job_id__in=ids, started_at__isnull=False, ended_at__isnull=False)
+        .values("job_id")
+        .annotate(ran=Sum(ran))
+        .order_by()
+    )
+    return {r["job_id"]: r["ran"].total_seconds() for r in rows if r["ran"] is not None}
+
+
 def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.RunningJob, ...], dict[int, int]]:
     """Nodes with their free GPU indices, and the live attempts holding GPUs."""
     gpus_of: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
@@ -177,13 +203,15 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     )
     running: list[core.RunningJob] = []
     orgs: dict[int, int] = {}
-    for row in JobAttempt.objects.filter(state__in=LIVE).values_list(
+    live = list(JobAttempt.objects.filter(state__in=LIVE).values_list(
         "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
-        "stop_requested_at", "job__submitted_at",
-    ).order_by("id"):
+        "stop_requested_at", "job__submitted_at", "job__attempt_count",
+    ).order_by("id"))
+    ran_before = earlier_run_seconds(row[1] for row in live if row[-1] > 1)
+    for row in live:
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
-         started, scheduled, wall, stop_at, submitted) = row
+         started, scheduled, wall, stop_at, submitted, _attempts) = row
         orgs[attempt_id] = org_id
         running.append(
             core.RunningJob(
@@ -203,6 +231,7 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
                 # The core's victim rule compares queue positions, i.e. submission times.
                 submitted_at=epoch(submitted),
+                prior_run_seconds=ran_before.get(job_id, 0.0),
             )
         )
     return nodes, tuple(running), orgs
@@ -212,7 +241,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     """Queued jobs whose backoff has passed, oldest first; budget_ok = an active hold backs them."""
     jobs: list[core.PendingJob] = []
     rows: dict[int, PendingRow] = {}
-    for row in (
+    queued = list(
         Job.objects.filter(state=JobState.QUEUED)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .values_list(
@@ -222,7 +251,9 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "org__hold_window_seconds",
         )
         .order_by("submitted_at", "id")
-    ):
+    )
+    ran_before = earlier_run_seconds(row[0] for row in queued if row[14] > 0)  # attempt_count
+    for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window) = row
         jobs.append(
@@ -240,6 +271,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 preemptible=preemptible,
                 regions=tuple(regions or ()),
                 budget_ok=hold_id is not None and hold_state == HoldState.ACTIVE,
+                run_seconds=ran_before.get(job_id, 0.0),
             )
         )
         rows[job_id] = PendingRow(

@@ -83,6 +83,27 @@ def test_snapshot_loads_what_is_in_the_db(
     assert {c.name for c in snap.config.priority_classes} >= {"production", "standard"}
 
 
+def test_snapshot_carries_run_time_of_earlier_attempts(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    # Aging counts waiting only: the core subtracts what a job already ran before this attempt.
+    start = timezone.now() - timedelta(hours=3)
+    requeued = make_job(JobState.QUEUED)
+    make_attempt(requeued, AttemptState.ENDED, started_at=start, ended_at=start + timedelta(hours=1))
+    rerun = make_job(JobState.RUNNING)
+    make_attempt(rerun, AttemptState.ENDED, started_at=start, ended_at=start + timedelta(minutes=30))
+    make_attempt(rerun, AttemptState.RUNNING, started_at=timezone.now())
+    fresh = make_job(JobState.QUEUED)
+
+    snap = load_snapshot(now=timezone.now()).snapshot
+
+    assert {p.id: p.run_seconds for p in snap.pending} == {
+        requeued.pk: pytest.approx(3600), fresh.pk: 0.0,
+    }
+    (running,) = snap.running
+    assert running.prior_run_seconds == pytest.approx(1800)  # the live attempt is not counted
+
+
 def test_pass_places_a_job_and_fixes_the_rate(
     fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
 ) -> None:
