@@ -185,10 +185,10 @@ class Config:
     grace_seconds: float = 120.0
     max_preemption_attempts: int = 64
     """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""
-    preemption_min_gain: float = 0.0
+    preemption_min_gain: float = 1.0
     """A victim not yet signalled must have at least this x the preemptor's run time (max wall on
     the type) left before its own wall limit: preempt only to run something shorter than what is
-    stopped (SRPT). 0 = no such rule."""
+    stopped (SRPT). 0 = no such rule. Default 1 since ADR 0005."""
     max_preemptions_per_pass: int = 1_000_000
     """Newly signalled victims per pass; later blocked jobs wait for GPUs to free normally."""
 

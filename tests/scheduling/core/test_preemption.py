@@ -147,7 +147,7 @@ def test_min_gain_spares_a_victim_about_to_finish() -> None:
     assert res.preemptions == []
     assert res.wait_reasons[1] != R.WAITING_FOR_PREEMPTION
     # Without the rule the same victim is taken.
-    res = schedule(snap([node(1)], pending, short_left, now=NOW))
+    res = schedule(snap([node(1)], pending, short_left, now=NOW, preemption_min_gain=0.0))
     assert [p.job_id for p in res.preemptions] == [50]
 
 
@@ -166,8 +166,11 @@ def test_preemption_budget_per_pass() -> None:
 
 def test_a_victim_past_its_wall_limit_can_still_be_preempted_without_a_gain_rule() -> None:
     run = [running(50, ((1, tuple(range(8))),), cls="batch", started=0, wall=3600)]
-    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW))
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW, preemption_min_gain=0.0))
     assert [p.job_id for p in res.preemptions] == [50]
+    # The default gain rule spares it: it is past its limit, the agent is about to stop it anyway.
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW))
+    assert res.preemptions == []
 
 
 def test_time_running_does_not_age_a_victim() -> None:
