@@ -169,7 +169,9 @@ def test_preemption_requests_a_stop_with_grace(
 ) -> None:
     settings.SCHEDULER_PREEMPT_GRACE_SECONDS = 90
     long_ago = timezone.now() - timedelta(hours=2)
-    victim = make_job(JobState.RUNNING, gpu_count=8, priority_class=priority("batch"))
+    # 10 h of wall, 8 h left: more than the urgent job's 1 h, so the default gain rule allows it.
+    victim = make_job(JobState.RUNNING, gpu_count=8, priority_class=priority("batch"),
+                      max_wall_seconds=36_000)
     attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
     for i in range(8):
         Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
