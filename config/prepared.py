@@ -23,7 +23,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 # Django opens psycopg connections with `prepare_threshold=None`, which makes psycopg ignore
 # `prepare=True`; this threshold lets explicit `prepare=True` calls prepare and changes nothing
-# else (Django's own cursors never prepare). Same value as the ledger's.
+# else (Django's own cursors never prepare). The ledger's hot-path calls use it too.
 _ONLY_EXPLICIT = 2**31 - 1
 
 

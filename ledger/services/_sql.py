@@ -13,16 +13,14 @@ databases (the embedded SQLite mode) or with `ENABLED = False`.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from config import metrics
+from config import metrics, prepared
 from config.request_context import current_request_id
 from ledger.clock import clock_offset
 from ledger.errors import CaptureExceedsHold, HoldNotActive, InsufficientCredits
@@ -73,40 +71,13 @@ def scope(*, savepoint: bool = True) -> AbstractContextManager[Any]:
 def _call(sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     """Run `sql` as a server-side prepared statement on Django's connection; its one row.
 
-    Django's psycopg cursors bind parameters client-side and so never prepare; a plain
-    psycopg cursor on the same connection (in the caller's transaction, if any) does.
-    Database errors are wrapped as Django's, so `retry_on_conflict` sees 40001/40P01.
+    `config.prepared.execute`: in the caller's transaction (if any), database errors wrapped as
+    Django's (so `retry_on_conflict` sees 40001/40P01), execute wrappers and query logging as
+    with Django's cursors.
     """
-    db = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a thread-local lookup
-    db.ensure_connection()
-    logged = db.queries_logged
-    start = time.monotonic() if logged else 0.0
-    with db.wrap_database_errors:
-        cursor = _cursor(db)
-        cursor.execute(sql, params, prepare=True)
-        row = cursor.fetchone()
-    if logged:
-        db.queries_log.append(
-            {"sql": f"{sql} -- {list(params)!r}", "time": f"{time.monotonic() - start:.3f}"}
-        )
+    row = prepared.execute(sql, params)
     assert row is not None  # a function call always returns its one row
-    return row
-
-
-# Django opens its psycopg connections with `prepare_threshold=None`, which makes psycopg ignore
-# `prepare=True`. A threshold this high lets our explicit `prepare=True` calls be prepared and
-# changes nothing else: Django's own cursors bind client-side and never prepare.
-_ONLY_EXPLICIT = 2**31 - 1
-
-
-def _cursor(db: Any) -> psycopg.Cursor[Any]:
-    """One server-binding cursor per (thread's) connection, made again if Django reconnects."""
-    cursor = getattr(db, "_ledger_cursor", None)
-    if cursor is None or cursor.closed or cursor.connection is not db.connection:
-        if db.connection.prepare_threshold is None:
-            db.connection.prepare_threshold = _ONLY_EXPLICIT
-        cursor = db._ledger_cursor = psycopg.Cursor(db.connection)
-    return cursor
+    return tuple(row)
 
 
 # Model instances from values in field order (`Model.from_db`'s positional fast path).
