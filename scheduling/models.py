@@ -144,7 +144,10 @@ TERMINAL_JOB_STATES = (
 class Job(models.Model):
     """A training or inference job as submitted; runs as one or more attempts."""
 
-    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="jobs")
+    # Indexed by `job_org_state_idx` (org first): no single-column index of its own.
+    org = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
     project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=200)
@@ -156,9 +159,8 @@ class Job(models.Model):
     preemptible = models.BooleanField(default=True)
     command = models.TextField(blank=True, default="")
     regions = models.JSONField(default=list, blank=True)
-    state = models.CharField(
-        max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True
-    )
+    # Indexed by `job_state_idx` (equality only: no `LIKE` pattern index).
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     # Why a queued job waits (scheduler reason code) and a human detail.
     wait_reason = models.CharField(max_length=64, blank=True, default="")
     wait_detail = models.CharField(max_length=255, blank=True, default="")
@@ -181,7 +183,10 @@ class Job(models.Model):
                 condition=Q(max_wall_seconds__gt=0), name="job_max_wall_positive"
             ),
         ]
-        indexes = [models.Index(fields=["org", "state"], name="job_org_state_idx")]
+        indexes = [
+            models.Index(fields=["org", "state"], name="job_org_state_idx"),
+            models.Index(fields=["state"], name="job_state_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.state})"
