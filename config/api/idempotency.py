@@ -92,19 +92,23 @@ def key_of(request: Request) -> str:
 
 
 # One prepared statement (config/prepared.py). It bounds the wait for a concurrent original with
-# a transaction-local `lock_timeout` set before the row is inserted (the CTE is read first) and
-# puts the previous value back in RETURNING, so the statements after the claim (e.g. bucket
-# locks) do not inherit the short timeout. When the key exists (no row returned) `_claim` resets
-# it itself. Returns the record's id and the transaction's `now()`.
+# a transaction-local `lock_timeout` set before the row is inserted (`prev` is read first) and puts
+# the previous value back in the final SELECT, which runs after the INSERT (it reads its result)
+# and returns one row whether or not a row was inserted, so the statements after the claim (e.g.
+# bucket locks) never inherit the short timeout. The row: the record's id (NULL when the key
+# exists) and the transaction's `now()`.
 _INSERT = """
 WITH prev AS (
     SELECT current_setting('lock_timeout') AS lock_timeout, set_config('lock_timeout', %s, true)
+), claimed AS (
+    INSERT INTO accounts_idempotencyrecord
+        (principal, key, fingerprint, state, created_at, expires_at)
+    SELECT %s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s) FROM prev
+    ON CONFLICT (principal, key) DO NOTHING
+    RETURNING id
 )
-INSERT INTO accounts_idempotencyrecord
-    (principal, key, fingerprint, state, created_at, expires_at)
-SELECT %s, %s, %s, 'in_flight', now(), now() + make_interval(secs => %s) FROM prev
-ON CONFLICT (principal, key) DO NOTHING
-RETURNING id, now(), set_config('lock_timeout', (SELECT lock_timeout FROM prev), true)
+SELECT claimed.id, now(), set_config('lock_timeout', prev.lock_timeout, true)
+FROM prev LEFT JOIN claimed ON true
 """
 
 
@@ -126,11 +130,9 @@ def _claim(principal: str, key: str, fp: str) -> tuple[int, datetime] | StoredRe
         if created:
             return record.pk, now
     else:
-        row = prepared.execute(_INSERT, [str(wait_ms), principal, key, fp, ttl])
-        if row is not None:
-            return int(row[0]), row[1]
-        with connection.cursor() as cursor:  # the key exists: unbound the wait again
-            cursor.execute("SET LOCAL lock_timeout = DEFAULT")
+        record_id, now, _ = prepared.execute(_INSERT, [str(wait_ms), principal, key, fp, ttl])
+        if record_id is not None:
+            return int(record_id), now
     existing = (
         IdempotencyRecord.objects.filter(principal=principal, key=key)
         .values_list("fingerprint", "state", "response_status", "response_body")
