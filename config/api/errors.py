@@ -47,6 +47,18 @@ class RateLimited(DomainError):
         self.retry_after = retry_after
 
 
+class RateLimiterUnavailable(DomainError):
+    """The rate limiter's store (Redis) cannot be reached: refused before anything is written."""
+
+    type = "rate-limiter-unavailable"
+    status = 503
+    title = "Rate limiter unavailable"
+
+    def __init__(self, detail: str, *, retry_after: int = 1) -> None:
+        super().__init__(detail, retry_after=retry_after)
+        self.retry_after = retry_after
+
+
 class PayloadTooLarge(DomainError):
     """The request body exceeds `API_MAX_BODY_BYTES` (rejected before parsing)."""
 

@@ -7,7 +7,6 @@ from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from config.api.errors import RateLimited
 from config.errors import DomainError
 from config.request_context import current_request_id
 
@@ -68,7 +67,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     request = context.get("request")
     instance = request.path if request is not None else ""
     if isinstance(exc, DomainError):
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        retry_after = getattr(exc, "retry_after", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return problem_response(
             type_=exc.type, title=exc.title, status=exc.status, detail=exc.detail,
             extra=dict(exc.extra), headers=headers, instance=instance,

@@ -16,6 +16,7 @@ not charged when an earlier one refuses, as with separate calls — and then cla
 The whole script is atomic in Redis, so each limit stays atomic across web workers.
 """
 
+import logging
 import math
 import threading
 import time
@@ -28,13 +29,38 @@ from typing import Any
 import redis
 from django.conf import settings
 from limits import RateLimitItem, parse
+from limits.errors import StorageError
 from limits.storage import storage_from_string
 from limits.strategies import SlidingWindowCounterRateLimiter
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from config.api.errors import RateLimited
+from config.api.errors import RateLimited, RateLimiterUnavailable
 from config.telemetry import annotate_org
+
+logger = logging.getLogger(__name__)
+_STORE_ERRORS = (redis.RedisError, StorageError)
+
+
+@contextmanager
+def _store() -> Iterator[None]:
+    """Around each call that takes a limit or a slot: an unreachable (or failing) Redis answers
+    503 `rate-limiter-unavailable` before anything is written, instead of an unhandled error."""
+    try:
+        yield
+    except _STORE_ERRORS as error:
+        logger.warning("rate limiter unavailable: %r", error)
+        raise RateLimiterUnavailable("The rate limiter is unavailable; retry shortly.") from error
+
+
+def _release(client: redis.Redis, key: str, token: str) -> None:
+    """Give an in-flight slot back. Runs after the request's work (possibly committed), so a
+    failure must not turn its answer into an error: the slot then expires after
+    `API_INFLIGHT_TTL_SECONDS` (every claim first drops expired slots)."""
+    try:
+        client.zrem(key, token)
+    except _STORE_ERRORS as error:
+        logger.warning("in-flight slot %s of %s not released (expires on its own): %r", token, key, error)
 
 
 @lru_cache(maxsize=4)
@@ -65,9 +91,11 @@ def hit(*, scope: str, kind: str, identity: str) -> None:
     limiter = _limiter(settings.REDIS_URL)
     item = _item(spec)
     ids = (f"api{_namespace()}", scope, kind, identity)
-    if limiter.hit(item, *ids):
-        return
-    raise _refuse(spec, kind, scope, item, ids)
+    with _store():
+        if limiter.hit(item, *ids):
+            return
+        refusal = _refuse(spec, kind, scope, item, ids)
+    raise refusal
 
 
 def _refuse(spec: str, kind: str, scope: str, item: RateLimitItem, ids: tuple[str, ...]) -> RateLimited:
@@ -131,7 +159,8 @@ def inflight_slot(*, org_id: int, cap: int) -> Iterator[None]:
         pipe.zadd(key, {token: now})
         pipe.zcard(key)
         pipe.expire(key, ttl)
-        count = pipe.execute()[2]
+        with _store():
+            count = pipe.execute()[2]
     else:
         with _local_lock:
             slots = _local_slots.setdefault(key, set())
@@ -146,7 +175,7 @@ def inflight_slot(*, org_id: int, cap: int) -> Iterator[None]:
         yield
     finally:
         if url:
-            _redis(url).zrem(key, token)
+            _release(_redis(url), key, token)
         else:
             with _local_lock:
                 _local_slots.get(key, set()).discard(token)
@@ -238,13 +267,16 @@ def submission_gate(request: Request, *, org_id: int, cap: int, scope: str) -> I
     slots = f"api{_namespace()}:inflight:org:{org_id}"
     token = uuid.uuid4().hex
     ttl = settings.API_INFLIGHT_TTL_SECONDS
-    refused, count = _gate_script(url)(keys=[*keys, slots], args=[*args, token, repr(time.time()), ttl])
+    with _store():
+        refused, count = _gate_script(url)(keys=[*keys, slots], args=[*args, token, repr(time.time()), ttl])
+        if refused:
+            spec, kind, item, ids = limits[int(refused) - 1]
+            refusal = _refuse(spec, kind, scope, item, ids)
     if refused:
-        spec, kind, item, ids = limits[int(refused) - 1]
-        raise _refuse(spec, kind, scope, item, ids)
+        raise refusal
     try:
         if int(count) > cap:
             raise _too_many_inflight(cap)
         yield
     finally:
-        _redis(url).zrem(slots, token)
+        _release(_redis(url), slots, token)
