@@ -16,3 +16,5 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("", include("portal.urls")),
 ]
+
+handler500 = "config.api.views.server_error"
