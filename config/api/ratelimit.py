@@ -63,9 +63,19 @@ def _release(client: redis.Redis, key: str, token: str) -> None:
         logger.warning("in-flight slot %s of %s not released (expires on its own): %r", token, key, error)
 
 
-@lru_cache(maxsize=4)
+def _timeouts(seconds: float) -> dict[str, float]:
+    return {"socket_connect_timeout": seconds, "socket_timeout": seconds}
+
+
 def _limiter(url: str) -> SlidingWindowCounterRateLimiter:
-    return SlidingWindowCounterRateLimiter(storage_from_string(url or "memory://"))
+    return _limiter_with(url, float(settings.API_REDIS_TIMEOUT_SECONDS))
+
+
+@lru_cache(maxsize=4)
+def _limiter_with(url: str, timeout: float) -> SlidingWindowCounterRateLimiter:
+    if not url:
+        return SlidingWindowCounterRateLimiter(storage_from_string("memory://"))
+    return SlidingWindowCounterRateLimiter(storage_from_string(url, **_timeouts(timeout)))
 
 
 @lru_cache(maxsize=64)
@@ -135,9 +145,13 @@ class ApiKeyRateThrottle(BaseThrottle):
 
 # --- concurrent in-flight submissions per org -------------------------------------------------
 
-@lru_cache(maxsize=4)
 def _redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url)
+    return _redis_with(url, float(settings.API_REDIS_TIMEOUT_SECONDS))
+
+
+@lru_cache(maxsize=4)
+def _redis_with(url: str, timeout: float) -> redis.Redis:
+    return redis.Redis.from_url(url, **_timeouts(timeout))
 
 
 _local_slots: dict[str, set[str]] = {}
@@ -223,9 +237,12 @@ return {0, count}
 """
 
 
-@lru_cache(maxsize=4)
 def _gate_script(url: str) -> Any:
-    storage = _limiter(url).storage
+    return _gate_script_on(_limiter(url).storage)
+
+
+@lru_cache(maxsize=4)
+def _gate_script_on(storage: Any) -> Any:
     return storage.get_connection().register_script(_GATE_LUA)
 
 

@@ -65,6 +65,9 @@ API_RATE_LIMITS: dict[str, dict[str, str]] = env.json(
 )
 # An in-flight submission slot expires on its own after this long (a crashed worker's slot).
 API_INFLIGHT_TTL_SECONDS = env.int("API_INFLIGHT_TTL_SECONDS", default=60)
+# Connect and read timeout of the rate limiter's Redis calls: a Redis that stops answering costs a
+# request about this long (then 503 `rate-limiter-unavailable`) instead of the client default.
+API_REDIS_TIMEOUT_SECONDS = env.float("API_REDIS_TIMEOUT_SECONDS", default=1.0)
 
 # API keys are cached per process this long: a revocation elsewhere, a deactivated user or a
 # changed finance group takes effect within this window (expiry is exact). 0 disables the cache.

@@ -53,3 +53,45 @@ def test_slot_release_failing_after_commit_keeps_the_201(
     replay = api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
     assert replay.json() == response.json()
+
+
+@pytest.fixture
+def silent_redis() -> Any:
+    """A TCP server that accepts connections and never answers (a hung Redis)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def test_hung_redis_costs_the_timeout_not_the_thread(
+    settings: Any, api: APIClient, tenant: Tenant, job_body: Any, silent_redis: str
+) -> None:
+    import time
+
+    settings.REDIS_URL = silent_redis
+    settings.API_REDIS_TIMEOUT_SECONDS = 0.3
+    started = time.monotonic()
+    response = api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
+    assert response.status_code == 503 and response.json()["type"] == "rate-limiter-unavailable"
+    assert time.monotonic() - started < 3  # the setting, not the client library's default (~5 s here)
+    assert not Job.objects.exists()
