@@ -3,7 +3,10 @@ node-health sweep that turns silent nodes unknown, then down, and ends their att
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from time import perf_counter
 
@@ -27,11 +30,29 @@ def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection during a pass; it runs after, as usual.
+
+    A pass keeps the snapshot's objects alive (10,000 pending jobs: hundreds of thousands of
+    objects) while allocating many more, so the collector's full collections, which walk every
+    live object, landed inside passes at random and added ~100 ms to the core's phase
+    (docs/benchmarks.md, scheduler tick). Refcounting still frees everything acyclic at once.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @retry_on_conflict()
 def run_scheduling_pass(*, trigger: str = "beat") -> SchedulerPass | None:
     """Run one pass; None when another process is the leader right now (nothing was done)."""
     started = perf_counter()
-    with transaction.atomic():
+    with _gc_paused(), transaction.atomic():
         if not try_lead():
             return None
         now = db_now()
