@@ -37,6 +37,7 @@ class FleetState:
         self.buckets: dict[tuple[str, str], list[dict[int, None]]] = {}
         # Reservations hold currently-free GPUs out of the pool: job_id -> node -> indices.
         self.masked: dict[int, dict[int, set[int]]] = {}
+        self.free_total = 0  # free GPUs in the pool, all types (masked ones are not in it)
         ready = sorted((n for n in nodes if n.state == "ready"), key=lambda n: n.id)
         for n in ready:
             self.max_gpus[n.gpu_type] = max(self.max_gpus.get(n.gpu_type, 0), n.gpu_count)
@@ -47,6 +48,7 @@ class FleetState:
             # allocation claims it, and only if the index exists on the node.
             free = {i for i in n.free_gpu_indices if 0 <= i < n.gpu_count} - busy.get(n.id, set())
             self.free[n.id] = free
+            self.free_total += len(free)
             bkey = (n.gpu_type, n.region)
             if bkey not in self.buckets:
                 self.buckets[bkey] = [{} for _ in range(self.max_gpus[n.gpu_type] + 1)]
@@ -69,6 +71,7 @@ class FleetState:
         after = len(self.free[node_id])
         bucket[after][node_id] = None
         self.group_free[self.group_of[node_id]] += after - before
+        self.free_total += after - before
 
     def take(self, allocations: Allocation) -> None:
         for node_id, idx in allocations:
@@ -107,6 +110,10 @@ class FleetState:
                 self.take(((node_id, tuple(still)),))
 
     # -- queries --------------------------------------------------------------------------------
+    def holds_any(self) -> bool:
+        """Whether any reservation holds a currently-free GPU out of the pool."""
+        return any(idx for held in self.masked.values() for idx in held.values())
+
     def mask_holder(self, gpu_type: str, g: int, regions: tuple[str, ...], job_ids: list[int]) -> int | None:
         """Which reservation's held GPUs would let a gang of g fit, without touching the pool.
 

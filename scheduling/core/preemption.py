@@ -42,9 +42,12 @@ class VictimIndex:
         self.by_node: dict[int, list[RunningJob]] = defaultdict(list)
         self.rank: dict[int, int] = {}
         self.fs: dict[int, float] = {}
-        self.prio: dict[int, float] = {}
+        self.prio: dict[int, float] = {}  # filled on first use: most candidates are never compared
+        self._prio_of = prio_of
         self.claimed: set[int] = set()
         self.now = now
+        # Failed single-node searches per (gpu type, regions): (rank, g, min_left, priority).
+        self._failed: dict[tuple[str, tuple[str, ...]], list[tuple[int, int, float, float]]] = {}
         for job in running:
             on_ready = all(n in state.node for n, _ in job.allocations)
             if not on_ready:
@@ -59,10 +62,30 @@ class VictimIndex:
                 continue
             self.rank[job.id] = rank_of(job.priority_class)
             self.fs[job.id] = fs_of(job)
-            self.prio[job.id] = prio_of(job)
             for node_id, _ in job.allocations:
                 self.by_node[node_id].append(job)
         self.min_rank_by_node = {n: min(self.rank[j.id] for j in js) for n, js in self.by_node.items()}
+        # Nodes with candidates per GPU type, in by_node order (plan() breaks cost ties by order).
+        self.nodes_of_type: dict[str, list[int]] = defaultdict(list)
+        # Per node: candidates already in victim order (a stable sort, so a filtered list is in the
+        # order sorting it would give), and each candidate's GPU count on that node.
+        self.ranked_by_node: dict[int, list[RunningJob]] = {}
+        self.gpus_on: dict[int, dict[int, int]] = {}
+        for node_id, jobs in self.by_node.items():
+            self.nodes_of_type[state.node[node_id].gpu_type].append(node_id)
+            self.ranked_by_node[node_id] = sorted(jobs, key=self._key)
+            counts: dict[int, int] = defaultdict(int)
+            for job in jobs:
+                for m, idx in job.allocations:
+                    if m == node_id:
+                        counts[job.id] += len(idx)
+            self.gpus_on[node_id] = counts
+
+    def requeue_priority(self, job: RunningJob) -> float:
+        hit = self.prio.get(job.id)
+        if hit is None:
+            hit = self.prio[job.id] = self._prio_of(job)
+        return hit
 
     def _key(self, job: RunningJob) -> tuple[int, int, float, int, float]:
         signalled = 0 if job.preemption_requested_at is not None else 1
@@ -71,9 +94,15 @@ class VictimIndex:
     def _choose(
         self, cands: list[RunningJob], have: int, need: int, on: Callable[[RunningJob], int]
     ) -> list[RunningJob] | None:
-        cands = sorted(cands, key=self._key)
+        return self._take(sorted(cands, key=self._key), have, need, on)
+
+    @staticmethod
+    def _take(
+        ranked: list[RunningJob], have: int, need: int, on: Callable[[RunningJob], int]
+    ) -> list[RunningJob] | None:
+        """Victims in `ranked` order until the gang fits, minus those that turn out not needed."""
         chosen: list[RunningJob] = []
-        for job in cands:
+        for job in ranked:
             if have >= need:
                 break
             chosen.append(job)
@@ -120,24 +149,28 @@ class VictimIndex:
                 return True
             if min_left and job.started_at + job.max_wall_seconds - now < min_left:
                 return False
-            return self.prio[job.id] < priority
+            return self.requeue_priority(job) < priority
 
         if not state.is_multi(gpu_type, g):
-            for node_id, jobs in self.by_node.items():
+            failed = self._failed.setdefault((gpu_type, regions), [])
+            if _dominated(failed, rank, g, min_left, priority):
+                return None
+            for node_id in self.nodes_of_type.get(gpu_type, ()):
                 node = state.node[node_id]
-                if node.gpu_type != gpu_type or node.gpu_count < g or self.min_rank_by_node[node_id] >= rank:
+                if node.gpu_count < g or self.min_rank_by_node[node_id] >= rank:
                     continue
                 if regions and node.region not in regions:
                     continue
-                cands = [j for j in jobs if usable(j)]
+                cands = [j for j in self.ranked_by_node[node_id] if usable(j)]
                 if not cands:
                     continue
+                gpus = self.gpus_on[node_id]
 
-                def on_node(job: RunningJob, n: int = node_id) -> int:
-                    return sum(len(idx) for m, idx in job.allocations if m == n)
+                def on_node(job: RunningJob, gpus: dict[int, int] = gpus) -> int:
+                    return gpus[job.id]
 
                 have = len(state.free[node_id])
-                chosen = self._choose(cands, have, g, on_node)
+                chosen = self._take(cands, have, g, on_node)
                 if chosen is None:
                     continue
                 gained = have + sum(on_node(v) for v in chosen)
@@ -146,6 +179,8 @@ class VictimIndex:
                     victim_idx = [i for v in chosen for m, idx in v.allocations if m == node_id for i in idx]
                     picks = (sorted(victim_idx) + sorted(state.free[node_id]))[:g]
                     best = Plan(tuple(chosen), ((node_id, tuple(sorted(picks))),), cost)
+            if best is None:
+                failed.append((rank, g, min_left, priority))
             return best
         for gkey in state.groups_of.get(gpu_type, []):
             if regions and state.group_region[gkey] not in regions:
@@ -177,3 +212,20 @@ class VictimIndex:
                 if alloc is not None:
                     best = Plan(tuple(chosen), alloc, cost)
         return best
+
+
+def _dominated(
+    failed: list[tuple[int, int, float, float]], rank: int, g: int, min_left: float, priority: float
+) -> bool:
+    """Whether a single-node search is bound to fail because an easier one already failed.
+
+    A search fails when every node's free GPUs plus its usable victims' GPUs are fewer than g.
+    Within a pass free GPUs only shrink and claimed victims only grow, and a lower class, a lower
+    priority or a larger `min_left` only removes usable victims, so a search asking for at least
+    as many GPUs with no more victims allowed fails too (exact: no search that could succeed is
+    skipped).
+    """
+    for f_rank, f_g, f_left, f_prio in failed:
+        if rank <= f_rank and g >= f_g and min_left >= f_left and priority <= f_prio:
+            return True
+    return False

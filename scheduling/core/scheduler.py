@@ -24,6 +24,7 @@ _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_pre
 FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
 _NONE: frozenset[int] = frozenset()
 Shape = tuple[tuple[str, ...], tuple[str, ...], int]
+_NO_FREE_GANG = "no free gang of GPUs"
 
 
 def schedule(snapshot: Snapshot) -> Result:
@@ -37,6 +38,7 @@ class _Pass:
         self.cfg = snap.config
         self.now = snap.now
         self.classes = {c.name: c for c in self.cfg.priority_classes}
+        self.rank_of = {c.name: c.rank for c in self.cfg.priority_classes}
         self.state = FleetState(snap.nodes, snap.running)
         self.result = Result()
         self.types_sorted = sorted(
@@ -52,6 +54,8 @@ class _Pass:
         self.fair = self.cfg.policy == "fair"
         self.do_backfill = self.cfg.policy == "fifo_backfill" or (self.fair and self.cfg.backfill)
         self.do_preempt = self.fair and self.cfg.preemption
+        self.preempting = {c.name for c in self.cfg.priority_classes if c.can_preempt and self.do_preempt}
+        self.has_quotas = bool(snap.quotas.org or snap.quotas.project)
         self.blocked_by: int | None = None
         self.candidates_after_block = 0
         self.fail_min: dict[FailKey, int] = {}
@@ -70,6 +74,8 @@ class _Pass:
         self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
         self._shape_fail: dict[Shape, tuple[tuple[float, ...], str, str]] = {}  # dropped on any change
         self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
+        self._walls: dict[int, dict[str, float]] = {}  # job id -> {acceptable type: max wall}
+        self._settled = False  # see nothing_can_start
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -82,13 +88,28 @@ class _Pass:
         users = {(j.org_id, j.project_id, j.user_id) for j in pending}
         users.update((r.org_id, r.project_id, r.user_id) for r in self.snap.running)
         self.fs = fair_tree_factors(users, self.snap.usage, self.snap.shares)
-        prio = self.prio
+        prio, fs_of, rank_of, now, cfg = self.prio, self.fs, self.rank_of, self.now, self.cfg
+        unknown_rank = _UNKNOWN_CLASS.rank
         for j in pending:
-            accept = self.acceptable(j)
-            wall = j.wall_on(accept[0].name) if accept else j.max_wall_seconds
-            fs = self.fs[(j.org_id, j.project_id, j.user_id)]
-            prio[j.id] = job_priority(j, self.now, self.cls(j.priority_class).rank, fs, self.cfg, wall)
+            walls = self.walls(j)
+            # Size factor on the wall of the first acceptable type.
+            wall = next(iter(walls.values())) if walls else j.max_wall_seconds
+            fs = fs_of[(j.org_id, j.project_id, j.user_id)]
+            prio[j.id] = job_priority(j, now, rank_of.get(j.priority_class, unknown_rank), fs, cfg, wall)
         return sorted(pending, key=lambda j: (-prio[j.id], j.submitted_at, j.id))
+
+    def walls(self, job: PendingJob) -> dict[str, float]:
+        """{acceptable type: the job's max wall on it}, in preference order; empty if no type is
+        acceptable. Computed once per pass: `PendingJob.wall_on` scans a tuple, and a blocked job
+        reads its walls a dozen times."""
+        hit = self._walls.get(job.id)
+        if hit is None:
+            default = job.max_wall_seconds
+            # reversed(): for a type listed twice the first entry wins, as in wall_on.
+            by_type = dict(reversed(job.max_wall_by_type))
+            hit = {t.name: by_type.get(t.name, default) for t in self.acceptable(job)}
+            self._walls[job.id] = hit
+        return hit
 
     def acceptable(self, job: PendingJob) -> list[GpuType]:
         key = (job.gpu_types, job.gpu_memory_gb)
@@ -112,8 +133,6 @@ class _Pass:
 
     def quota_ok(self, job: PendingJob, gpu_type: str) -> bool:
         q = self.snap.quotas
-        if not q.org and not q.project:
-            return True
         lim = q.org.get((job.org_id, gpu_type))
         if lim is not None and self.org_used[(job.org_id, gpu_type)] + job.gpu_count > lim:
             return False
@@ -123,8 +142,8 @@ class _Pass:
     def consider(self, job: PendingJob) -> None:
         if not job.budget_ok:
             return self.skip(job, reasons.BUDGET, "hold could not be funded")
-        accept = self.acceptable(job)
-        if not accept or job.gpu_count <= 0:
+        walls = self.walls(job)
+        if not walls or job.gpu_count <= 0:
             return self.skip(job, reasons.NO_MATCHING_GPU_TYPE, "no GPU type meets type/memory request")
         if self.blocked_by is not None:
             if not self.do_backfill:
@@ -132,33 +151,40 @@ class _Pass:
             self.candidates_after_block += 1
             if self.candidates_after_block > self.cfg.backfill_max_candidates:
                 return self.skip(job, reasons.PRIORITY, "beyond the backfill candidate cap")
-        types = [t.name for t in accept if self.quota_ok(job, t.name)]
+        types = [t for t in walls if self.quota_ok(job, t)] if self.has_quotas else list(walls)
         if not types:
             return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
-        types = self.not_deferred(job, types)
-        can_preempt = self.do_preempt and self.cls(job.priority_class).can_preempt
+        # The fastest type is never deferred, so it is also the fastest of the types kept.
+        fastest = min(types, key=walls.__getitem__) if self.fair else types[0]
+        if self.blocked_by is not None and self.nothing_can_start():
+            self.note_waiting(job, fastest, walls)
+            return self.skip(job, reasons.RESOURCES, _NO_FREE_GANG)
+        types = self.not_deferred(job, types, walls, fastest)
+        can_preempt = job.priority_class in self.preempting
         # Shape cache (exact): after the first block, a job that cannot preempt and asks for the
         # same types/regions/gang size as one that just failed, with walls at least as long on
         # every type, fails the same way, as long as no GPU was placed and no mask changed since.
+        # Once the pass's victim searches are used up, try_preempt returns False at once without
+        # touching any state, so a job that could preempt behaves exactly like one that cannot.
         shape: Shape | None = None
-        if not can_preempt and self.blocked_by is not None:
+        if self.blocked_by is not None and (not can_preempt or self.preemption_exhausted()):
             shape = (tuple(types), job.regions, job.gpu_count)
             hit = self._shape_fail.get(shape)
-            if hit is not None and all(job.wall_on(t) >= w for t, w in zip(types, hit[0], strict=True)):
-                self.note_waiting(job, types)
+            if hit is not None and all(walls[t] >= w for t, w in zip(types, hit[0], strict=True)):
+                self.note_waiting(job, fastest, walls)
                 return self.skip(job, hit[1], hit[2])
         for t in types:
-            alloc = self.try_place(job, t)
+            alloc = self.try_place(job, t, walls[t])
             if alloc is not None:
-                return self.place(job, t, alloc)
-        self.note_waiting(job, types)
-        if can_preempt and self.try_preempt(job, types):
+                return self.place(job, t, alloc, walls[t])
+        self.note_waiting(job, fastest, walls)
+        if can_preempt and self.try_preempt(job, types, walls):
             return None
         for t in types:
             holder = self.reserved_holder(job, t)
             if holder is not None:
                 detail = f"fits on {t} only by delaying job {holder}"
-                return self._skip_shape(job, shape, types, reasons.reserved_for(holder), detail)
+                return self._skip_shape(job, shape, types, walls, reasons.reserved_for(holder), detail)
         first_block = self.blocked_by is None
         if first_block:
             self.blocked_by = job.id
@@ -169,15 +195,48 @@ class _Pass:
                     job, reasons.RESOURCES, f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}"
                 )
             detail = "does not fit the ready fleet even when idle"
-            return self._skip_shape(job, shape, types, reasons.RESOURCES, detail)
-        return self._skip_shape(job, shape, types, reasons.RESOURCES, "no free gang of GPUs")
+            return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
+        return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, _NO_FREE_GANG)
 
     def _skip_shape(
-        self, job: PendingJob, shape: Shape | None, types: list[str], code: str, detail: str
+        self,
+        job: PendingJob,
+        shape: Shape | None,
+        types: list[str],
+        walls: dict[str, float],
+        code: str,
+        detail: str,
     ) -> None:
         if shape is not None:
-            self._shape_fail[shape] = (tuple(job.wall_on(t) for t in types), code, detail)
+            self._shape_fail[shape] = (tuple(walls[t] for t in types), code, detail)
         self.skip(job, code, detail)
+
+    def nothing_can_start(self) -> bool:
+        """After the first block: whether no later job of this pass can start, reserve or preempt.
+
+        True once no GPU is free or held by a reservation (nothing to place on or to lift), every
+        EASY reservation is taken (none is attempted) and no victim search is left (or preemption
+        is off). Nothing then changes for the rest of the pass, so each later job would go the
+        whole way (no fit, no lifted mask, no holder, no search) to `resources` with this detail;
+        the shortcut gives the same decision and the same backlog count, without the walk.
+        Deep queues spend most of a pass here: the pool is usually empty after the first few
+        dozen jobs.
+        """
+        if self._settled:
+            return True
+        if (
+            self.state.free_total
+            or self.n_backfill_res < self.cfg.max_reservations
+            or (self.do_preempt and not self.preemption_exhausted())
+            or self.state.holds_any()
+        ):
+            return False
+        self._settled = True
+        return True
+
+    def preemption_exhausted(self) -> bool:
+        """No victim search is left in this pass: try_preempt can only return False."""
+        return self.preempt_attempts >= self.cfg.max_preemption_attempts
 
     def holding(self, gpu_type: str) -> list[Reservation]:
         """Reservations on this type that hold currently-free GPUs (others mask nothing)."""
@@ -188,7 +247,9 @@ class _Pass:
             self._holding[gpu_type] = hit
         return hit
 
-    def not_deferred(self, job: PendingJob, types: list[str]) -> list[str]:
+    def not_deferred(
+        self, job: PendingJob, types: list[str], walls: dict[str, float], fastest: str
+    ) -> list[str]:
         """Ski-rental choice of GPU type: wait for a faster type at most as long as a slower one
         would add to the run (its wall time minus the fastest type's), then take the slower one.
 
@@ -200,32 +261,31 @@ class _Pass:
         factor = self.cfg.slow_type_wait_factor
         if not self.fair or factor <= 0 or not job.max_wall_by_type or len(types) < 2:
             return types
-        fastest = min(types, key=job.wall_on)
-        best = job.wall_on(fastest)
+        best = walls[fastest]
         waited = self.now - job.submitted_at
         cap = self.state.capacity.get(fastest, 0)
         expected_wait = self.queued_ahead[fastest] / cap if cap else float("inf")
-        keep = [t for t in types if max(waited / factor, expected_wait) >= job.wall_on(t) - best]
+        patience = max(waited / factor, expected_wait)
+        keep = [t for t in types if patience >= walls[t] - best]
         return keep or types
 
-    def note_waiting(self, job: PendingJob, types: list[str]) -> None:
+    def note_waiting(self, job: PendingJob, fastest: str, walls: dict[str, float]) -> None:
         """Count a job that stays queued into the backlog of its fastest acceptable type."""
-        if self.fair and types:
-            fastest = min(types, key=job.wall_on)
-            self.queued_ahead[fastest] += job.gpu_count * job.wall_on(fastest)
+        if self.fair:
+            self.queued_ahead[fastest] += job.gpu_count * walls[fastest]
 
-    def lifted(self, job: PendingJob, gpu_type: str) -> frozenset[int]:
-        """Reservations on this type the job may ignore because it ends (by max wall) before them."""
+    def lifted(self, gpu_type: str, wall: float) -> frozenset[int]:
+        """Reservations on this type a job may ignore because it ends (by max wall) before them."""
         if not self.res_by_type:
             return _NONE
-        end = self.now + job.wall_on(gpu_type)
+        end = self.now + wall
         return frozenset(r.job_id for r in self.holding(gpu_type) if end <= r.start_at)
 
-    def try_place(self, job: PendingJob, gpu_type: str) -> Allocation | None:
+    def try_place(self, job: PendingJob, gpu_type: str, wall: float) -> Allocation | None:
         # The unmasked pool first: cheap and usually enough; lifting masks costs bookkeeping.
         alloc = self._find(job, gpu_type, _NONE)
         if alloc is None:
-            lifted = self.lifted(job, gpu_type)
+            lifted = self.lifted(gpu_type, wall)
             if lifted:
                 alloc = self._find(job, gpu_type, lifted)
         return alloc
@@ -263,9 +323,8 @@ class _Pass:
         self._holder.clear()
         self._shape_fail.clear()
 
-    def place(self, job: PendingJob, gpu_type: str, alloc: Allocation) -> None:
+    def place(self, job: PendingJob, gpu_type: str, alloc: Allocation, wall: float) -> None:
         backfilled = self.blocked_by is not None
-        wall = job.wall_on(gpu_type)
         price = self.snap.gpu_types[gpu_type].price_per_gpu_hour_micro
         code = reasons.BACKFILLED if backfilled else reasons.PLACED
         self.result.decisions.append(Place(job.id, gpu_type, alloc, backfilled, code, price, wall))
@@ -303,7 +362,7 @@ class _Pass:
         self.result.reservations.append(res)
 
     # -- preemption -----------------------------------------------------------------------------
-    def try_preempt(self, job: PendingJob, types: list[str]) -> bool:
+    def try_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
         rank = self.cls(job.priority_class).rank
         if self.victims is None:
             self.victims = VictimIndex(
@@ -321,10 +380,10 @@ class _Pass:
             known = self.preempt_fail_min.get(key)
             if known is not None and job.gpu_count >= known:
                 continue
-            if self.preempt_attempts >= self.cfg.max_preemption_attempts:
+            if self.preemption_exhausted():
                 return False
             self.preempt_attempts += 1
-            min_left = self.cfg.preemption_min_gain * job.wall_on(t)
+            min_left = self.cfg.preemption_min_gain * walls[t]
             plan = self.victims.plan(
                 self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id], min_left
             )
