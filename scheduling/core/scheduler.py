@@ -156,18 +156,18 @@ class _Pass:
             return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
         # The fastest type is never deferred, so it is also the fastest of the types kept.
         fastest = min(types, key=walls.__getitem__) if self.fair else types[0]
-        if self.blocked_by is not None and self.nothing_can_start():
+        # Once the pass's victim searches are used up, try_preempt returns False at once without
+        # touching any state, so a job that could preempt behaves exactly like one that cannot.
+        can_preempt = job.priority_class in self.preempting and not self.preemption_exhausted()
+        if self.blocked_by is not None and not can_preempt and self.nothing_can_start():
             self.note_waiting(job, fastest, walls)
             return self.skip(job, reasons.RESOURCES, _NO_FREE_GANG)
         types = self.not_deferred(job, types, walls, fastest)
-        can_preempt = job.priority_class in self.preempting
         # Shape cache (exact): after the first block, a job that cannot preempt and asks for the
         # same types/regions/gang size as one that just failed, with walls at least as long on
         # every type, fails the same way, as long as no GPU was placed and no mask changed since.
-        # Once the pass's victim searches are used up, try_preempt returns False at once without
-        # touching any state, so a job that could preempt behaves exactly like one that cannot.
         shape: Shape | None = None
-        if self.blocked_by is not None and (not can_preempt or self.preemption_exhausted()):
+        if self.blocked_by is not None and not can_preempt:
             shape = (tuple(types), job.regions, job.gpu_count)
             hit = self._shape_fail.get(shape)
             if hit is not None and all(walls[t] >= w for t, w in zip(types, hit[0], strict=True)):
@@ -212,24 +212,19 @@ class _Pass:
         self.skip(job, code, detail)
 
     def nothing_can_start(self) -> bool:
-        """After the first block: whether no later job of this pass can start, reserve or preempt.
+        """After the first block: whether no later job of this pass can start or reserve GPUs.
 
-        True once no GPU is free or held by a reservation (nothing to place on or to lift), every
-        EASY reservation is taken (none is attempted) and no victim search is left (or preemption
-        is off). Nothing then changes for the rest of the pass, so each later job would go the
-        whole way (no fit, no lifted mask, no holder, no search) to `resources` with this detail;
-        the shortcut gives the same decision and the same backlog count, without the walk.
-        Deep queues spend most of a pass here: the pool is usually empty after the first few
-        dozen jobs.
+        True once no GPU is free or held by a reservation (nothing to place on or to lift) and
+        every EASY reservation is taken (none is attempted). That stays true for the rest of the
+        pass: nothing can be placed, and a preemption's reservation holds no free GPU. So a later
+        job that does not search for victims would go the whole way (no fit, no lifted mask, no
+        holder) to `resources` with this detail; the caller gives it the same decision and the
+        same backlog count without the walk. Deep queues spend most of a pass here: the pool is
+        usually empty after the first few dozen jobs.
         """
         if self._settled:
             return True
-        if (
-            self.state.free_total
-            or self.n_backfill_res < self.cfg.max_reservations
-            or (self.do_preempt and not self.preemption_exhausted())
-            or self.state.holds_any()
-        ):
+        if self.state.free_total or self.n_backfill_res < self.cfg.max_reservations or self.state.holds_any():
             return False
         self._settled = True
         return True
