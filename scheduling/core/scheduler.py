@@ -10,7 +10,6 @@ from scheduling.core.decisions import Place, Preempt, Reservation, Result, Skip
 from scheduling.core.fairshare import fair_tree_factors, job_priority, priority_value
 from scheduling.core.model import (
     Allocation,
-    GpuType,
     PendingJob,
     PriorityClass,
     RunningJob,
@@ -44,7 +43,7 @@ class _Pass:
         self.types_sorted = sorted(
             snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
         )
-        self._accept_cache: dict[tuple[tuple[str, ...], int], list[GpuType]] = {}
+        self._accept_cache: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
         # Quota counters start from what is running now, per (org|project, gpu type).
         self.org_used: dict[tuple[int, str], int] = defaultdict(int)
         self.proj_used: dict[tuple[int, str], int] = defaultdict(int)
@@ -90,13 +89,16 @@ class _Pass:
         self.fs = fair_tree_factors(users, self.snap.usage, self.snap.shares)
         prio, fs_of, rank_of, now, cfg = self.prio, self.fs, self.rank_of, self.now, self.cfg
         unknown_rank = _UNKNOWN_CLASS.rank
-        for j in pending:
+        keys: list[tuple[float, float, int, int]] = []
+        for i, j in enumerate(pending):
             walls = self.walls(j)
             # Size factor on the wall of the first acceptable type.
             wall = next(iter(walls.values())) if walls else j.max_wall_seconds
             fs = fs_of[(j.org_id, j.project_id, j.user_id)]
-            prio[j.id] = job_priority(j, now, rank_of.get(j.priority_class, unknown_rank), fs, cfg, wall)
-        return sorted(pending, key=lambda j: (-prio[j.id], j.submitted_at, j.id))
+            p = prio[j.id] = job_priority(j, now, rank_of.get(j.priority_class, unknown_rank), fs, cfg, wall)
+            keys.append((-p, j.submitted_at, j.id, i))  # i: full ties keep input order (a stable sort)
+        keys.sort()
+        return [pending[k[3]] for k in keys]
 
     def walls(self, job: PendingJob) -> dict[str, float]:
         """{acceptable type: the job's max wall on it}, in preference order; empty if no type is
@@ -104,28 +106,67 @@ class _Pass:
         reads its walls a dozen times."""
         hit = self._walls.get(job.id)
         if hit is None:
-            default = job.max_wall_seconds
-            # reversed(): for a type listed twice the first entry wins, as in wall_on.
-            by_type = dict(reversed(job.max_wall_by_type))
-            hit = {t.name: by_type.get(t.name, default) for t in self.acceptable(job)}
+            names = self.acceptable(job)
+            hit = dict(job.max_wall_by_type)
+            # Usual case: one wall per acceptable type, listed in preference order.
+            if len(hit) != len(job.max_wall_by_type) or tuple(hit) != names:
+                default = job.max_wall_seconds
+                # reversed(): for a type listed twice the first entry wins, as in wall_on.
+                by_type = dict(reversed(job.max_wall_by_type))
+                hit = {n: by_type.get(n, default) for n in names}
             self._walls[job.id] = hit
         return hit
 
-    def acceptable(self, job: PendingJob) -> list[GpuType]:
+    def acceptable(self, job: PendingJob) -> tuple[str, ...]:
+        """Names of the types the job accepts, in preference order (memory floor applied)."""
         key = (job.gpu_types, job.gpu_memory_gb)
         hit = self._accept_cache.get(key)
         if hit is None:
             types = self.snap.gpu_types
             named = [types[n] for n in job.gpu_types if n in types] if job.gpu_types else self.types_sorted
-            hit = [t for t in named if t.memory_gb >= job.gpu_memory_gb]
+            hit = tuple(t.name for t in named if t.memory_gb >= job.gpu_memory_gb)
             self._accept_cache[key] = hit
         return hit
 
     # -- the pass -------------------------------------------------------------------------------
     def run(self) -> Result:
-        for job in self.ordered():
+        order = self.ordered()
+        for i, job in enumerate(order):
+            if self._settled and self.do_backfill:
+                self._wait_settled(order[i:])
+                break
             self.consider(job)
         return self.result
+
+    def _wait_settled(self, jobs: list[PendingJob]) -> None:
+        """consider() for the rest of the queue once nothing_can_start() holds, in one loop.
+
+        A job that is not ready for the shortcut (budget, no type, the candidate cap, quotas, or
+        a victim search still to make) goes through consider(); every other one gets exactly
+        what consider()'s shortcut gives it: counted as a candidate and into the backlog of its
+        fastest type, then `resources`. Most of a deep queue ends here.
+        """
+        cap = self.cfg.backfill_max_candidates
+        decisions, wait_reasons = self.result.decisions, self.result.wait_reasons
+        queued_ahead, fair, code = self.queued_ahead, self.fair, reasons.RESOURCES
+        for job in jobs:
+            walls = self.walls(job)
+            if (
+                not job.budget_ok
+                or not walls
+                or job.gpu_count <= 0
+                or self.candidates_after_block >= cap
+                or self.has_quotas
+                or (job.priority_class in self.preempting and not self.preemption_exhausted())
+            ):
+                self.consider(job)
+                continue
+            self.candidates_after_block += 1
+            if fair:
+                fastest = min(walls, key=walls.__getitem__)
+                queued_ahead[fastest] += job.gpu_count * walls[fastest]
+            decisions.append(Skip(job.id, code, _NO_FREE_GANG))
+            wait_reasons[job.id] = code
 
     def skip(self, job: PendingJob, code: str, detail: str = "") -> None:
         self.result.decisions.append(Skip(job.id, code, detail))
