@@ -150,10 +150,9 @@ class _Pass:
         decisions, wait_reasons = self.result.decisions, self.result.wait_reasons
         queued_ahead, fair, code = self.queued_ahead, self.fair, reasons.RESOURCES
         for job in jobs:
-            walls = self.walls(job)
             if (
                 not job.budget_ok
-                or not walls
+                or not self.acceptable(job)
                 or job.gpu_count <= 0
                 or self.candidates_after_block >= cap
                 or self.has_quotas
@@ -163,6 +162,7 @@ class _Pass:
                 continue
             self.candidates_after_block += 1
             if fair:
+                walls = self.walls(job)
                 fastest = min(walls, key=walls.__getitem__)
                 queued_ahead[fastest] += job.gpu_count * walls[fastest]
             decisions.append(Skip(job.id, code, _NO_FREE_GANG))
@@ -183,8 +183,7 @@ class _Pass:
     def consider(self, job: PendingJob) -> None:
         if not job.budget_ok:
             return self.skip(job, reasons.BUDGET, "hold could not be funded")
-        walls = self.walls(job)
-        if not walls or job.gpu_count <= 0:
+        if not self.acceptable(job) or job.gpu_count <= 0:
             return self.skip(job, reasons.NO_MATCHING_GPU_TYPE, "no GPU type meets type/memory request")
         if self.blocked_by is not None:
             if not self.do_backfill:
@@ -192,6 +191,7 @@ class _Pass:
             self.candidates_after_block += 1
             if self.candidates_after_block > self.cfg.backfill_max_candidates:
                 return self.skip(job, reasons.PRIORITY, "beyond the backfill candidate cap")
+        walls = self.walls(job)
         types = [t for t in walls if self.quota_ok(job, t)] if self.has_quotas else list(walls)
         if not types:
             return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
