@@ -191,6 +191,7 @@ class Sim:
                         max_wall_seconds=d.max_wall_seconds,
                         submitted_at=pj.submitted_at,
                         prior_run_seconds=pj.run_seconds,
+                        queue_wall_seconds=pj.wall_on(pj.gpu_types[0]),
                     )
                     running[job.id] = Attempt(rj, now, rem, end)
                     for node_id, idx in d.allocations:

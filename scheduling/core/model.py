@@ -115,6 +115,9 @@ class RunningJob:
     """Original submission time; a preempted job re-queues with it (defaults to `started_at`)."""
     prior_run_seconds: float = 0.0
     """Seconds the job ran in attempts before this one (not waiting, so not aged)."""
+    queue_wall_seconds: float | None = None
+    """The wall its queue ordering would use if it were queued again (its wall on its first
+    acceptable type); None: `max_wall_seconds`. Only differs when walls differ per type."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Derived from `allocations` once: it is read in every pass for every running job."""
 

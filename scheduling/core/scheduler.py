@@ -455,7 +455,10 @@ class _Pass:
         """The priority a running job would have if preempted and queued again now."""
         submitted = job.submitted_at if job.submitted_at is not None else job.started_at
         rank = self.cls(job.priority_class).rank
-        wall = job.max_wall_seconds
+        # The wall the queue ordering will use once it is queued again: a victim that ran on a
+        # slower type than its first choice is shorter (more urgent) in the queue than on its node,
+        # and estimating it on its node let it re-queue ahead of its own preemptor (a storm).
+        wall = job.queue_wall_seconds if job.queue_wall_seconds is not None else job.max_wall_seconds
         # Aging rewards waiting, not running: a job re-queued now has waited only the time before
         # its attempts started. Counting its run time too made a job that had run for weeks
         # outrank every preemptor, i.e. long runs became immune to preemption.

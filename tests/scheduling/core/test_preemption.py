@@ -196,3 +196,24 @@ def test_earlier_attempts_run_time_does_not_age_a_victim() -> None:
     assert [p.job_id for p in res.preemptions] == [50]
     res = schedule(snap([node(1)], pending, [run], now=NOW, aging_seconds_per_class=NOW / 3))
     assert res.preemptions == []  # unknown history: its 9,000 s before this start count as waiting
+
+
+def test_victim_priority_uses_the_wall_it_will_queue_with() -> None:
+    """A victim running on a slow type (long wall there) but queued with its first choice's short
+    wall must be judged with the short one: judged on the long one it looks preemptable, then
+    re-queues ahead of its own preemptor and takes its GPUs back (the Philly replay's storm)."""
+    from scheduling.core.model import Config
+
+    ranks = {c.name: c.rank for c in Config().priority_classes}
+    steps = ranks["production"] - ranks["standard"]
+    started = NOW - 1000  # waited 9,000 s before starting: exactly `steps` classes of aging
+    victim = running(50, ((1, tuple(range(8))),), cls="standard", started=started, wall=99_999,
+                     submitted_at=0.0)
+    pending = [job(1, gpus=8, cls="production", submitted=NOW)]
+
+    def preempted(v: object) -> list[int]:
+        res = schedule(snap([node(1)], pending, [v], now=NOW, aging_seconds_per_class=started / steps))
+        return [p.job_id for p in res.preemptions]
+
+    assert preempted(victim) == [50]  # on its node's long wall it ranks below the preemptor
+    assert preempted(replace(victim, queue_wall_seconds=60.0)) == []  # queued, it would not
