@@ -18,12 +18,12 @@ import contextlib
 import hashlib
 import pickle
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench.scheduler_scale_core import best_cpu_seconds, fifo_order
 from scheduling.core import Result, Snapshot, schedule
 
 WANTED = 40
@@ -63,21 +63,12 @@ def capture(path: Path, min_pending: int, every: int) -> None:
     print(f"captured {len(taken)} snapshots after {passes} passes -> {path}")
 
 
-def _cpu(fn: object, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()  # type: ignore[operator]
-        best = min(best, time.process_time() - t0)
-    return best
-
-
 def measure(path: Path, repeat: int) -> None:
     snaps: list[Snapshot] = pickle.loads(path.read_bytes())  # noqa: S301 - a file this bench wrote
     total = base_total = 0.0
     for s in snaps:
-        core = _cpu(lambda s=s: schedule(s), repeat)
-        base = _cpu(lambda s=s: sorted(s.pending, key=lambda j: (j.submitted_at, j.id)), repeat)
+        core = best_cpu_seconds(lambda s=s: schedule(s), repeat)
+        base = best_cpu_seconds(lambda s=s: fifo_order(s), repeat)
         total += core
         base_total += base
         print(
