@@ -191,7 +191,10 @@ class Sim:
                         max_wall_seconds=d.max_wall_seconds,
                         submitted_at=pj.submitted_at,
                         prior_run_seconds=pj.run_seconds,
-                        queue_wall_seconds=pj.wall_on(pj.gpu_types[0]),
+                        times_preempted=self.stats[job.id].preempted,
+                        gpu_types=pj.gpu_types,
+                        gpu_memory_gb=pj.gpu_memory_gb,
+                        max_wall_by_type=pj.max_wall_by_type,
                     )
                     running[job.id] = Attempt(rj, now, rem, end)
                     for node_id, idx in d.allocations:

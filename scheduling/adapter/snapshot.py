@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import (
+    Count,
     DateTimeField,
     DurationField,
     ExpressionWrapper,
@@ -162,19 +163,36 @@ def load_quotas() -> core.Quotas:
     return core.Quotas(org=org, project=project)
 
 
-def earlier_run_seconds(job_ids: Iterable[int]) -> dict[int, float]:
-    """Seconds each job ran in attempts that have ended: aging counts waiting, not running."""
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """A job's attempts that have ended: seconds run (aging counts waiting, not running) and how
+    many ended in preemption (each lengthens its exemption, `preemption_exempt_growth`)."""
+
+    ran_seconds: float = 0.0
+    preempted: int = 0
+
+
+_NONE_BEFORE = Earlier()
+
+
+def earlier_attempts(job_ids: Iterable[int]) -> dict[int, Earlier]:
     ids = list(job_ids)
     if not ids:
         return {}
     ran = ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField())
     rows = (
-        JobAttempt.objects.filter(job_id__in=ids, started_at__isnull=False, ended_at__isnull=False)
+        JobAttempt.objects.filter(job_id__in=ids, ended_at__isnull=False)
         .values("job_id")
-        .annotate(ran=Sum(ran))
+        .annotate(
+            ran=Sum(ran, filter=Q(started_at__isnull=False)),
+            preempted=Count("id", filter=Q(outcome="preempted")),
+        )
         .order_by()
     )
-    return {r["job_id"]: r["ran"].total_seconds() for r in rows if r["ran"] is not None}
+    return {
+        r["job_id"]: Earlier(r["ran"].total_seconds() if r["ran"] is not None else 0.0, r["preempted"])
+        for r in rows
+    }
 
 
 def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.RunningJob, ...], dict[int, int]]:
@@ -208,7 +226,7 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
         "stop_requested_at", "job__submitted_at", "job__attempt_count",
     ).order_by("id"))
-    ran_before = earlier_run_seconds(row[1] for row in live if row[-1] > 1)
+    before = earlier_attempts(row[1] for row in live if row[-1] > 1)
     for row in live:
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
          started, scheduled, wall, stop_at, submitted, _attempts) = row
@@ -231,7 +249,8 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
                 # The core's victim rule compares queue positions, i.e. submission times.
                 submitted_at=epoch(submitted),
-                prior_run_seconds=ran_before.get(job_id, 0.0),
+                prior_run_seconds=before.get(job_id, _NONE_BEFORE).ran_seconds,
+                times_preempted=before.get(job_id, _NONE_BEFORE).preempted,
             )
         )
     return nodes, tuple(running), orgs
@@ -252,7 +271,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
         )
         .order_by("submitted_at", "id")
     )
-    ran_before = earlier_run_seconds(row[0] for row in queued if row[14] > 0)  # attempt_count
+    before = earlier_attempts(row[0] for row in queued if row[14] > 0)  # attempt_count
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window) = row
@@ -271,7 +290,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 preemptible=preemptible,
                 regions=tuple(regions or ()),
                 budget_ok=hold_id is not None and hold_state == HoldState.ACTIVE,
-                run_seconds=ran_before.get(job_id, 0.0),
+                run_seconds=before.get(job_id, _NONE_BEFORE).ran_seconds,
             )
         )
         rows[job_id] = PendingRow(

@@ -115,9 +115,14 @@ class RunningJob:
     """Original submission time; a preempted job re-queues with it (defaults to `started_at`)."""
     prior_run_seconds: float = 0.0
     """Seconds the job ran in attempts before this one (not waiting, so not aged)."""
-    queue_wall_seconds: float | None = None
-    """The wall its queue ordering would use if it were queued again (its wall on its first
-    acceptable type); None: `max_wall_seconds`. Only differs when walls differ per type."""
+    times_preempted: int = 0
+    """Earlier attempts of this job that ended in preemption (see `preemption_exempt_growth`)."""
+    gpu_types: tuple[str, ...] = ()
+    """The request it would be queued again with, as on `PendingJob`: acceptable types in order of
+    preference (empty: any type, cheapest first), the per-GPU memory floor and per-type walls
+    (empty: `max_wall_seconds` on every type). The victim rule orders a victim as the queue would."""
+    gpu_memory_gb: int = 0
+    max_wall_by_type: tuple[tuple[str, float], ...] = ()
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Derived from `allocations` once: it is read in every pass for every running job."""
 
@@ -185,6 +190,10 @@ class Config:
     """Jobs examined after the first blocked one; the rest wait with reason `priority`."""
     preemption: bool = True
     min_runtime_before_preemption_seconds: float = 600.0
+    preemption_exempt_growth: float = 1.0
+    """A job preempted k times before is exempt for min_runtime x this ** k of its new attempt:
+    > 1 stops a stream of different preemptors taking turns on one long victim (each waits only
+    the minimum runtime, so the victim could be stopped every 600 s forever). 1 = off."""
     grace_seconds: float = 120.0
     max_preemption_attempts: int = 64
     """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""

@@ -38,6 +38,7 @@ class VictimIndex:
         prio_of: Callable[[RunningJob], float],
         now: float,
         min_runtime: float,
+        exempt_growth: float = 1.0,
     ) -> None:
         self.by_node: dict[int, list[RunningJob]] = defaultdict(list)
         self.rank: dict[int, int] = {}
@@ -56,7 +57,7 @@ class VictimIndex:
             eligible = (
                 job.preemptible
                 and preemptible_class(job.priority_class)
-                and now - job.started_at >= min_runtime
+                and now - job.started_at >= min_runtime * exempt_growth**job.times_preempted
             )
             if not (signalled or eligible):
                 continue

@@ -91,10 +91,8 @@ class _Pass:
         unknown_rank = _UNKNOWN_CLASS.rank
         keys: list[tuple[float, float, int, int]] = []
         for i, j in enumerate(pending):
-            walls = self.walls(j)
-            # Size factor on the wall of the first acceptable type.
-            wall = next(iter(walls.values())) if walls else j.max_wall_seconds
             fs = fs_of[(j.org_id, j.project_id, j.user_id)]
+            wall = self.queue_wall(j)
             p = prio[j.id] = job_priority(j, now, rank_of.get(j.priority_class, unknown_rank), fs, cfg, wall)
             keys.append((-p, j.submitted_at, j.id, i))  # i: full ties keep input order (a stable sort)
         keys.sort()
@@ -106,18 +104,27 @@ class _Pass:
         reads its walls a dozen times."""
         hit = self._walls.get(job.id)
         if hit is None:
-            names = self.acceptable(job)
-            hit = dict(job.max_wall_by_type)
-            # Usual case: one wall per acceptable type, listed in preference order.
-            if len(hit) != len(job.max_wall_by_type) or tuple(hit) != names:
-                default = job.max_wall_seconds
-                # reversed(): for a type listed twice the first entry wins, as in wall_on.
-                by_type = dict(reversed(job.max_wall_by_type))
-                hit = {n: by_type.get(n, default) for n in names}
-            self._walls[job.id] = hit
+            hit = self._walls[job.id] = self._walls_of(job)
         return hit
 
-    def acceptable(self, job: PendingJob) -> tuple[str, ...]:
+    def _walls_of(self, job: PendingJob | RunningJob) -> dict[str, float]:
+        names = self.acceptable(job)
+        hit = dict(job.max_wall_by_type)
+        # Usual case: one wall per acceptable type, listed in preference order.
+        if len(hit) != len(job.max_wall_by_type) or tuple(hit) != names:
+            default = job.max_wall_seconds
+            # reversed(): for a type listed twice the first entry wins, as in wall_on.
+            by_type = dict(reversed(job.max_wall_by_type))
+            hit = {n: by_type.get(n, default) for n in names}
+        return hit
+
+    def queue_wall(self, job: PendingJob | RunningJob) -> float:
+        """The wall the queue ordering's size factor reads: the job's wall on its first acceptable
+        type (its max wall if it accepts none)."""
+        walls = self.walls(job) if isinstance(job, PendingJob) else self._walls_of(job)
+        return next(iter(walls.values())) if walls else job.max_wall_seconds
+
+    def acceptable(self, job: PendingJob | RunningJob) -> tuple[str, ...]:
         """Names of the types the job accepts, in preference order (memory floor applied)."""
         key = (job.gpu_types, job.gpu_memory_gb)
         hit = self._accept_cache.get(key)
@@ -410,6 +417,7 @@ class _Pass:
                 self._requeue_priority,
                 self.now,
                 self.cfg.min_runtime_before_preemption_seconds,
+                self.cfg.preemption_exempt_growth,
             )
         for t in types:
             key = (t, job.regions, rank)
@@ -458,7 +466,7 @@ class _Pass:
         # The wall the queue ordering will use once it is queued again: a victim that ran on a
         # slower type than its first choice is shorter (more urgent) in the queue than on its node,
         # and estimating it on its node let it re-queue ahead of its own preemptor (a storm).
-        wall = job.queue_wall_seconds if job.queue_wall_seconds is not None else job.max_wall_seconds
+        wall = self.queue_wall(job)
         # Aging rewards waiting, not running: a job re-queued now has waited only the time before
         # its attempts started. Counting its run time too made a job that had run for weeks
         # outrank every preemptor, i.e. long runs became immune to preemption.

@@ -91,7 +91,11 @@ def test_snapshot_carries_run_time_of_earlier_attempts(
     requeued = make_job(JobState.QUEUED)
     make_attempt(requeued, AttemptState.ENDED, started_at=start, ended_at=start + timedelta(hours=1))
     rerun = make_job(JobState.RUNNING)
-    make_attempt(rerun, AttemptState.ENDED, started_at=start, ended_at=start + timedelta(minutes=30))
+    make_attempt(rerun, AttemptState.ENDED, started_at=start, ended_at=start + timedelta(minutes=30),
+                 outcome="preempted")
+    make_attempt(rerun, AttemptState.ENDED, started_at=start, ended_at=start, outcome="lost")
+    never_started = start + timedelta(hours=1)
+    make_attempt(rerun, AttemptState.ENDED, ended_at=never_started, outcome="preempted")
     make_attempt(rerun, AttemptState.RUNNING, started_at=timezone.now())
     fresh = make_job(JobState.QUEUED)
 
@@ -102,6 +106,8 @@ def test_snapshot_carries_run_time_of_earlier_attempts(
     }
     (running,) = snap.running
     assert running.prior_run_seconds == pytest.approx(1800)  # the live attempt is not counted
+    # Preempted before, it is exempt longer (`preemption_exempt_growth`); a lost node is no preemption.
+    assert running.times_preempted == 2
 
 
 def test_pass_places_a_job_and_fixes_the_rate(

@@ -51,6 +51,25 @@ def test_min_runtime_before_preemption() -> None:
     assert len(res.preemptions) == 1
 
 
+def test_exemption_grows_with_each_earlier_preemption() -> None:
+    """A stream of different preemptors could otherwise stop one long victim every min runtime."""
+
+    def preempted(ran: float, times: int, growth: float) -> bool:
+        run = _full_node(started=NOW - ran, times_preempted=times)
+        res = schedule(
+            snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW,
+                 min_runtime_before_preemption_seconds=600, preemption_exempt_growth=growth)
+        )
+        return bool(res.preemptions)
+
+    assert preempted(700, times=3, growth=1.0)  # off: the minimum runtime only
+    assert not preempted(700, times=1, growth=2.0)  # 600 x 2
+    assert preempted(1300, times=1, growth=2.0)
+    assert not preempted(4700, times=3, growth=2.0)  # 600 x 8
+    assert preempted(4900, times=3, growth=2.0)
+    assert preempted(700, times=0, growth=2.0)  # never preempted: the minimum runtime only
+
+
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
     for cls, preemptible, pending_cls in [
         ("batch", False, "production"),  # job opted out
@@ -216,4 +235,9 @@ def test_victim_priority_uses_the_wall_it_will_queue_with() -> None:
         return [p.job_id for p in res.preemptions]
 
     assert preempted(victim) == [50]  # on its node's long wall it ranks below the preemptor
-    assert preempted(replace(victim, queue_wall_seconds=60.0)) == []  # queued, it would not
+    walls = (("T4", 60.0), ("H100", 99_999.0))
+    queued = replace(victim, gpu_types=("T4", "H100"), max_wall_by_type=walls)
+    assert preempted(queued) == []  # queued, its first choice's short wall ranks it above
+    # The first *acceptable* type, as the queue decides it: a memory floor above the T4's 16 GB
+    # leaves H100 first, whose wall is the long one again.
+    assert preempted(replace(queued, gpu_memory_gb=40)) == [50]
