@@ -1,18 +1,29 @@
 """Submissions per second over HTTP vs. calling `submit_job` directly, in the same run.
 
-Run: `.venv/bin/python bench/api.py [--requests 2000] [--clients 16] [--workers 3] [--threads 4]`
+Run: `.venv/bin/python bench/api.py [--requests 2000] [--clients 16] [--server gunicorn]
+[--workers 3] [--threads 4]`
 Needs PostgreSQL and Redis on localhost. Creates (and drops) the database `gpubank_bench_api`,
-starts gunicorn on a free loopback port (production settings: PostgreSQL, Redis, DEBUG off),
-submits from 16 concurrent HTTP clients — one hot org, then spread over 100 orgs — and prints
-throughput, p50/p99 latency and the ratio to the in-process `submit_job` baseline.
+starts the WSGI server on a free loopback port (production settings: PostgreSQL, Redis, DEBUG
+off), submits from 16 concurrent HTTP clients — one hot org, then spread over 100 orgs — and
+prints throughput, p50/p99 latency and the ratio to the in-process `submit_job` baseline.
+
+`--server` picks the server, each with `--workers` processes of `--threads` Python threads
+running `config.wsgi:application` (`server_command`): gunicorn gthread (production's), granian
+(`--interface wsgi`, blocking threads; `--backpressure` caps the connections a worker accepts)
+or uWSGI (`--http11-socket`; a thread holds a keep-alive connection for its lifetime, so it needs
+threads >= clients; not in requirements.txt: `pip install uWSGI==2.0.31` builds it with a C
+compiler). `--trivial` serves a tiny WSGI app instead of the service, which measures
+the server's own CPU per request.
 
 The clients (`--client raw`, the default) are 16 keep-alive HTTP/1.1 connections over TCP driven
 by one thread with raw sockets: each sends a complete request, reads the status line, headers and
 body, and checks the status codes (printed). They cost ~0.2 ms of CPU per request on the same 2
 cores as the server, against ~2 ms for 16 httpx client threads (`--client httpx`, what earlier
-figures used). CPU per request is read from /proc for the gunicorn workers, the PostgreSQL
-backends of the bench database (not PostgreSQL's WAL writer, checkpointer or other background
-processes) and this process.
+figures used). CPU per request is read from /proc for the server's process tree (master and every
+worker with all its threads), the PostgreSQL backends of the bench database (not PostgreSQL's WAL
+writer, checkpointer or other background processes) and this process. The direct run's own CPU
+per submission is printed as a yardstick of the machine's speed at that moment, and so is how
+many connections each server process held 1 s into each run.
 """
 
 import argparse
@@ -116,11 +127,26 @@ def _cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (children of every thread, recursively), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
 def server_pids(master: int) -> tuple[list[int], list[int]]:
-    """gunicorn's worker processes, and the PostgreSQL backends connected to the bench database."""
-    workers = []
-    for task in Path(f"/proc/{master}/task").iterdir():
-        workers += [int(p) for p in (task / "children").read_text().split()]
+    """The server's processes (its master and every descendant: gunicorn's or uWSGI's workers,
+    granian's worker processes with their Rust and Python threads), and the PostgreSQL backends
+    connected to the bench database. The master is counted too: it serves no request but is the
+    server's overhead (gunicorn's heartbeat loop, granian's supervisor)."""
+    workers = _tree(master)
     out = subprocess.run(
         [
             "psql",
@@ -136,6 +162,19 @@ def server_pids(master: int) -> tuple[list[int], list[int]]:
         check=True,
     ).stdout.split()
     return workers, [int(p) for p in out]
+
+
+def connections_per_process(port: int) -> list[int]:
+    """How many established connections to `port` each server process holds (`ss`), busiest first."""
+    out = subprocess.run(
+        ["ss", "-tnpH", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True
+    ).stdout
+    counts: dict[str, int] = {}
+    for line in out.splitlines():
+        if "pid=" in line:
+            pid = line.split("pid=", 1)[1].split(",", 1)[0]
+            counts[pid] = counts.get(pid, 0) + 1
+    return sorted(counts.values(), reverse=True)
 
 
 def _raw_request(project: int, key: str, port: int) -> bytes:
@@ -248,11 +287,16 @@ def http_run(
     web, db = server_pids(master) if master else ([], [])
     web_before = sum(_cpu_seconds(pid) for pid in web)
     db_before = sum(_cpu_seconds(pid) for pid in db)
+    spread: list[int] = []
+    snapshot = threading.Timer(1.0, lambda: spread.extend(connections_per_process(port)))
     client_before = time.process_time()  # this process: the HTTP clients
     start = time.perf_counter()
+    if master:
+        snapshot.start()
     run = raw_clients if client == "raw" else httpx_clients
     latencies, codes = run(port, targets, requests, clients)
     wall = time.perf_counter() - start
+    snapshot.cancel()
     client_cpu = time.process_time() - client_before
     web_cpu = sum(_cpu_seconds(pid) for pid in web) - web_before
     db_cpu = sum(_cpu_seconds(pid) for pid in db) - db_before
@@ -269,6 +313,7 @@ def http_run(
         "web_ms": web_cpu / requests * 1000,
         "db_ms": db_cpu / requests * 1000,
         "client_ms": client_cpu / requests * 1000,
+        "spread": spread,
     }
 
 
@@ -282,17 +327,20 @@ def direct_run(project_id: int, user: object, requests: int) -> dict:
     )
     member = project.memberships.get().user
     latencies = []
+    cpu = time.process_time()
     start = time.perf_counter()
     for _ in range(requests):
         t = time.perf_counter()
         submit_job(user=member, project=project, spec=spec, idempotency_key=uuid.uuid4().hex)
         latencies.append(time.perf_counter() - t)
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     latencies.sort()
     return {
         "rate": requests / wall,
         "p50": statistics.median(latencies) * 1000,
         "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "cpu_ms": cpu / requests * 1000,
     }
 
 
@@ -389,53 +437,114 @@ def profile(mode: str, requests: int) -> None:
     stats.sort_stats("tottime").print_stats(30)
 
 
+def trivial_app(environ: dict, start_response: Any) -> list[bytes]:
+    """`--trivial`: a WSGI app that reads the request body and answers 201 with a small JSON body,
+    so the CPU the server's processes spend per request is the server's own (HTTP parsing, WSGI
+    environ, threads, writes) plus a few microseconds of Python."""
+    environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    out = b'{"id": 1, "state": "pending"}'
+    start_response("201 Created", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
+    return [out]
+
+
+def server_command(args: argparse.Namespace, port: int) -> tuple[list[str], str]:
+    """The server's command line on the loopback `port`, and a label naming it and its shape.
+
+    Same shape for each: `--workers` processes, `--threads` Python threads each running the
+    app, HTTP/1.1 keep-alive, warnings-only logging, no access log, `config.wsgi:application`.
+    """
+    w, t = args.workers, args.threads
+    app = "bench.api:trivial_app" if args.trivial else "config.wsgi:application"
+    if args.server == "granian":
+        bp = ["--backpressure", str(args.backpressure)] if args.backpressure else []
+        command = [
+            sys.executable, "-m", "granian", "--interface", "wsgi", app,
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(w), "--blocking-threads", str(t),
+            "--http", "1", "--no-ws", "--log-level", "warning", "--no-access-log", *bp,
+        ]
+        bp_label = f", backpressure {args.backpressure}" if args.backpressure else ""
+        return command, f"granian {w} workers x {t} blocking threads{bp_label}"
+    if args.server == "uwsgi":
+        uwsgi = Path(sys.executable).with_name("uwsgi")
+        if not uwsgi.exists():
+            raise SystemExit(f"{uwsgi} not found: `pip install uWSGI==2.0.31` (needs a C compiler)")
+        command = [
+            str(uwsgi), "--http11-socket", f"127.0.0.1:{port}",
+            "--home", sys.prefix, "--module", app, "--master",
+            "--processes", str(w), "--threads", str(t), "--enable-threads", "--disable-logging",
+            "--die-on-term", "--need-app", "--lazy-apps", "--thunder-lock",
+        ]
+        return command, f"uWSGI {w} processes x {t} threads"
+    command = [
+        sys.executable, "-m", "gunicorn", app, "-b", f"127.0.0.1:{port}",
+        "-w", str(w), "--worker-class", "gthread", "--threads", str(t), "--log-level", "warning",
+        *(["-c", args.gunicorn_config] if args.gunicorn_config else []),
+    ]
+    return command, f"gunicorn {w}x{t} gthread"
+
+
+def trivial(args: argparse.Namespace) -> None:
+    port = free_port()
+    command, label = server_command(args, port)
+    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ENV})
+    try:
+        wait_ready(port)
+        http_run(port, [(1, "x")], 500, args.clients, client=args.client)  # warm up
+        r = http_run(port, [(1, "x")], args.requests, args.clients, server.pid, args.client)
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(
+        f"HTTP trivial app ({args.clients} clients, {label}): {r['rate']:.0f}/s p50 {r['p50']:.2f} ms "
+        f"p99 {r['p99']:.2f} ms codes {r['codes']} CPU per request: {args.server} {r['web_ms']:.3f} ms, "
+        f"{args.client} clients {r['client_ms']:.3f} ms; connections per server process {r['spread']}"
+    )
+
+
+def wait_ready(port: int) -> None:
+    for _ in range(300):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"no server answered on port {port} within 30 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn processes (~1.5x the cores)")
-    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (gthread)")
+    parser.add_argument("--server", choices=["gunicorn", "granian", "uwsgi"], default="gunicorn",
+                        help="the WSGI server run as in production (see `server_command`)")
+    parser.add_argument("--workers", type=int, default=3, help="server processes (~1.5x the cores)")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="threads per worker: gunicorn gthread threads, granian blocking threads, "
+                        "uWSGI threads")
+    parser.add_argument("--backpressure", type=int, default=0,
+                        help="granian only: max concurrent requests per worker (0: granian's default)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="raw: keep-alive sockets on one thread (cheap); httpx: a thread per client")
     parser.add_argument("--gunicorn-config", default="", help="a gunicorn config file (-c), e.g. hooks")
+    parser.add_argument("--trivial", action="store_true",
+                        help="serve `trivial_app` instead of the service: the server's own CPU per request")
     parser.add_argument("--profile", choices=["cpu", "sql", "lock"],
                         help="no server: profile submissions in-process instead (see `profile`)")
     args = parser.parse_args()
     if args.profile:
         profile(args.profile, args.requests)
         return
+    if args.trivial:
+        trivial(args)
+        return
     setup_database()
     targets, user = seed(101)
     hot, spread = targets[:1], targets[1:]
     port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "config.wsgi:application",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            str(args.workers),
-            "--worker-class",
-            "gthread",
-            "--threads",
-            str(args.threads),
-            "--log-level",
-            "warning",
-            *(["-c", args.gunicorn_config] if args.gunicorn_config else []),
-        ],
-        cwd=ROOT,
-        env={**os.environ, **ENV},
-    )
+    command, label = server_command(args, port)
+    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ENV})
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_ready(port)
         http_run(port, hot, 100, args.clients, client=args.client)  # warm up connections and workers
         direct = direct_run(hot[0][0], user, args.requests // 4)
         results = {
@@ -444,22 +553,23 @@ def main() -> None:
         }
     finally:
         server.terminate()
-        server.wait(10)
+        server.wait(30)
     print(
         f"direct submit_job (1 thread, in-process): {direct['rate']:.0f}/s "
-        f"p50 {direct['p50']:.1f} ms p99 {direct['p99']:.1f} ms"
+        f"p50 {direct['p50']:.1f} ms p99 {direct['p99']:.1f} ms, Python CPU {direct['cpu_ms']:.2f} ms "
+        "per submission (the machine's speed of the moment)"
     )
     cores = os.cpu_count() or 1
     for name, r in results.items():
         print(
-            f"HTTP {name} ({args.clients} clients, gunicorn {args.workers}x{args.threads} gthread): "
+            f"HTTP {name} ({args.clients} clients, {label}): "
             f"{r['rate']:.0f}/s "
             f"p50 {r['p50']:.1f} ms p99 {r['p99']:.1f} ms codes {r['codes']} "
             f"ratio to direct {r['rate'] / direct['rate']:.2f} "
-            f"CPU per request: gunicorn {r['web_ms']:.1f} ms, PostgreSQL {r['db_ms']:.1f} ms, "
+            f"CPU per request: {args.server} {r['web_ms']:.1f} ms, PostgreSQL {r['db_ms']:.1f} ms, "
             f"{args.client} clients {r['client_ms']:.1f} ms "
             f"(= {cores * 1000 / (r['web_ms'] + r['db_ms'] + r['client_ms']):.0f}/s if that CPU were all "
-            f"{cores} cores did)"
+            f"{cores} cores did); connections per server process {r['spread']}"
         )
 
 
