@@ -88,6 +88,7 @@ def scheduler_config(classes: tuple[core.PriorityClass, ...]) -> core.Config:
         min_runtime_before_preemption_seconds=float(
             getattr(settings, "SCHEDULER_MIN_RUNTIME_SECONDS", 600)
         ),
+        preemption_exempt_growth=float(getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_GROWTH", 1.0)),
     )
 
 

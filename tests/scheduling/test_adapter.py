@@ -110,6 +110,12 @@ def test_snapshot_carries_run_time_of_earlier_attempts(
     assert running.times_preempted == 2
 
 
+def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 1.0  # off
+    settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 2
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 2.0
+
+
 def test_pass_places_a_job_and_fixes_the_rate(
     fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
 ) -> None:
