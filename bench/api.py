@@ -27,6 +27,7 @@ many connections each server process held 1 s into each run.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,10 +65,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def setup_database() -> None:
+def drop_database() -> None:
     subprocess.run(
         ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {DB}"], check=True
     )
+
+
+def setup_database() -> None:
+    drop_database()
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {DB}"], check=True)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env={**os.environ, **ENV}, check=True
@@ -483,17 +489,24 @@ def server_command(args: argparse.Namespace, port: int) -> tuple[list[str], str]
     return command, f"gunicorn {w}x{t} gthread"
 
 
-def trivial(args: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def running_server(args: argparse.Namespace) -> Iterator[tuple[int, int, str]]:
+    """The chosen server on a free loopback port, answering: (port, its pid, its label)."""
     port = free_port()
     command, label = server_command(args, port)
     server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ENV})
     try:
         wait_ready(port)
-        http_run(port, [(1, "x")], 500, args.clients, client=args.client)  # warm up
-        r = http_run(port, [(1, "x")], args.requests, args.clients, server.pid, args.client)
+        yield port, server.pid, label
     finally:
         server.terminate()
         server.wait(30)
+
+
+def trivial(args: argparse.Namespace) -> None:
+    with running_server(args) as (port, pid, label):
+        http_run(port, [(1, "x")], 500, args.clients, client=args.client)  # warm up
+        r = http_run(port, [(1, "x")], args.requests, args.clients, pid, args.client)
     print(
         f"HTTP trivial app ({args.clients} clients, {label}): {r['rate']:.0f}/s p50 {r['p50']:.2f} ms "
         f"p99 {r['p99']:.2f} ms codes {r['codes']} CPU per request: {args.server} {r['web_ms']:.3f} ms, "
@@ -522,7 +535,8 @@ def main() -> None:
                         help="threads per worker: gunicorn gthread threads, granian blocking threads, "
                         "uWSGI threads")
     parser.add_argument("--backpressure", type=int, default=0,
-                        help="granian only: max concurrent requests per worker (0: granian's default)")
+                        help="granian only: max connections a worker accepts, each keep-alive "
+                        "connection holding one (0: granian's default)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="raw: keep-alive sockets on one thread (cheap); httpx: a thread per client")
     parser.add_argument("--gunicorn-config", default="", help="a gunicorn config file (-c), e.g. hooks")
@@ -540,20 +554,19 @@ def main() -> None:
     setup_database()
     targets, user = seed(101)
     hot, spread = targets[:1], targets[1:]
-    port = free_port()
-    command, label = server_command(args, port)
-    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **ENV})
     try:
-        wait_ready(port)
-        http_run(port, hot, 100, args.clients, client=args.client)  # warm up connections and workers
-        direct = direct_run(hot[0][0], user, args.requests // 4)
-        results = {
-            "hot org": http_run(port, hot, args.requests, args.clients, server.pid, args.client),
-            "100 orgs": http_run(port, spread, args.requests, args.clients, server.pid, args.client),
-        }
+        with running_server(args) as (port, pid, label):
+            http_run(port, hot, 100, args.clients, client=args.client)  # warm up connections and workers
+            direct = direct_run(hot[0][0], user, args.requests // 4)
+            results = {
+                "hot org": http_run(port, hot, args.requests, args.clients, pid, args.client),
+                "100 orgs": http_run(port, spread, args.requests, args.clients, pid, args.client),
+            }
     finally:
-        server.terminate()
-        server.wait(30)
+        from django.db import connections
+
+        connections.close_all()  # this process's own connection, from seeding and `direct`
+        drop_database()
     print(
         f"direct submit_job (1 thread, in-process): {direct['rate']:.0f}/s "
         f"p50 {direct['p50']:.1f} ms p99 {direct['p99']:.1f} ms, Python CPU {direct['cpu_ms']:.2f} ms "

@@ -232,6 +232,7 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
          started, scheduled, wall, stop_at, submitted, _attempts) = row
         orgs[attempt_id] = org_id
+        earlier = before.get(job_id, _NONE_BEFORE)
         running.append(
             core.RunningJob(
                 id=job_id,
@@ -250,8 +251,8 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
                 # The core's victim rule compares queue positions, i.e. submission times.
                 submitted_at=epoch(submitted),
-                prior_run_seconds=before.get(job_id, _NONE_BEFORE).ran_seconds,
-                times_preempted=before.get(job_id, _NONE_BEFORE).preempted,
+                prior_run_seconds=earlier.ran_seconds,
+                times_preempted=earlier.preempted,
             )
         )
     return nodes, tuple(running), orgs
