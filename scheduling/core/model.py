@@ -204,6 +204,13 @@ class Config:
     max_preemptions_per_pass: int = 1_000_000
     """Newly signalled victims per pass; later blocked jobs wait for GPUs to free normally."""
 
+    def __post_init__(self) -> None:
+        if not self.preemption_exempt_growth >= 1.0:  # also rejects NaN
+            raise ValueError(
+                f"preemption_exempt_growth must be >= 1 (1 = off), got {self.preemption_exempt_growth!r}: "
+                "below 1 a preempted job would be exempt for less than the minimum runtime"
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

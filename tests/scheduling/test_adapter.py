@@ -114,6 +114,9 @@ def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
     assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 1.0  # off
     settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 2
     assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 2.0
+    settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 0.5  # would undercut the minimum runtime
+    with pytest.raises(ValueError, match="preemption_exempt_growth must be >= 1"):
+        load_snapshot(now=timezone.now())
 
 
 def test_pass_places_a_job_and_fixes_the_rate(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+import pytest
+
+from scheduling.core import Config, schedule
 from scheduling.core import reasons as R
-from scheduling.core import schedule
 from tests.scheduling.core.helpers import job, node, running, snap
 
 NOW = 10_000.0
@@ -68,6 +71,13 @@ def test_exemption_grows_with_each_earlier_preemption() -> None:
     assert not preempted(4700, times=3, growth=2.0)  # 600 x 8
     assert preempted(4900, times=3, growth=2.0)
     assert preempted(700, times=0, growth=2.0)  # never preempted: the minimum runtime only
+
+
+def test_exemption_growth_below_one_is_refused() -> None:
+    for bad in (0.5, 0.0, -2.0, math.nan):
+        with pytest.raises(ValueError, match="preemption_exempt_growth must be >= 1"):
+            Config(preemption_exempt_growth=bad)
+    assert Config(preemption_exempt_growth=1.0).preemption_exempt_growth == 1.0
 
 
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
@@ -221,7 +231,6 @@ def test_victim_priority_uses_the_wall_it_will_queue_with() -> None:
     """A victim running on a slow type (long wall there) but queued with its first choice's short
     wall must be judged with the short one: judged on the long one it looks preemptable, then
     re-queues ahead of its own preemptor and takes its GPUs back (the Philly replay's storm)."""
-    from scheduling.core.model import Config
 
     ranks = {c.name: c.rank for c in Config().priority_classes}
     steps = ranks["production"] - ranks["standard"]
