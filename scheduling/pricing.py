@@ -70,12 +70,19 @@ class Catalog:
     regions: frozenset[str]
 
     def price_at(self, name: str, at: datetime) -> int | None:
+        span = self.price_span(name, at)
+        return span[0] if span is not None else None
+
+    def price_span(self, name: str, at: datetime) -> tuple[int, datetime, datetime | None] | None:
+        """(price in effect at `at`, since when, until the next scheduled price or None)."""
         history = self.prices.get(name)
         if history is None:
             return None
         starts, values = history
         index = bisect.bisect_right(starts, at) - 1
-        return values[index] if index >= 0 else None
+        if index < 0:
+            return None
+        return values[index], starts[index], starts[index + 1] if index + 1 < len(starts) else None
 
 
 _lock = threading.Lock()
@@ -169,8 +176,30 @@ def current_price(gpu_type_name: str, at: datetime | None = None) -> int:
 
 def hold_amount(*, gpu_types: Sequence[str], gpu_count: int, seconds: int, at: datetime | None = None) -> int:
     """Cost of `seconds` on `gpu_count` GPUs of the most expensive of `gpu_types` (current prices)."""
-    prices = current_prices(gpu_types, at)
-    missing = [name for name in gpu_types if name not in prices]
+    return hold_quote(gpu_types=gpu_types, gpu_count=gpu_count, seconds=seconds, at=at or db_now()).amount
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """A hold's amount and the instants between which every price it used stays in effect."""
+
+    amount: int
+    valid_from: datetime
+    valid_until: datetime | None  # None: no later price of these types is scheduled
+
+
+def hold_quote(*, gpu_types: Sequence[str], gpu_count: int, seconds: int, at: datetime) -> Quote:
+    """`hold_amount` at `at`, with the span around `at` in which it would be the same: a caller
+    that prices before it reads the transaction's clock checks that clock against the span."""
+    snap = catalog_knowing(gpu_types=gpu_types)
+    spans = {name: snap.price_span(name, at) for name in set(gpu_types)}
+    missing = [name for name in gpu_types if spans[name] is None]
     if missing or not gpu_types:
         raise NoPrice(missing or ["(none)"])
-    return cost(seconds * 1000 * gpu_count, max(prices.values()))
+    found = [span for span in spans.values() if span is not None]
+    untils = [until for _, _, until in found if until is not None]
+    return Quote(
+        amount=cost(seconds * 1000 * gpu_count, max(price for price, _, _ in found)),
+        valid_from=max(since for _, since, _ in found),
+        valid_until=min(untils) if untils else None,
+    )

@@ -182,6 +182,69 @@ def _commit_inline() -> bool:
     )
 
 
+def _complete(record_id: int, status: int, body: Any,
+              deferred_writes: list[tuple[str, list[Any]]]) -> Response:
+    """Store the response in the claimed record (then run `deferred_writes`); the response."""
+    # What we store is byte-for-byte what every replay will return.
+    text, body = _stored_form(body)
+    if not _postgres():  # embedded SQLite: one statement at a time
+        _complete_portable(record_id, status, body, deferred_writes)
+        return Response(body, status=status)
+    sql, params = _COMPLETE, [status, text, record_id]
+    for extra_sql, extra_params in deferred_writes:
+        sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]
+    if _commit_inline():
+        sql = f"{sql}; COMMIT"
+    with connection.cursor() as cursor:
+        # Client-side binding (as in _claim): the statements travel together.
+        cursor.execute(sql, params)
+    return Response(body, status=status)
+
+
+def _in_flight(key: str) -> IdempotencyKeyInFlight:
+    return IdempotencyKeyInFlight(
+        f"A request with {HEADER} {key!r} is still in flight; retry later.", key=key
+    )
+
+
+class _Declined(Exception):
+    pass
+
+
+# `attempt(principal, key, fingerprint)`: (record id, status, body), or None to decline.
+Attempt = Callable[[str, str, str], "tuple[int, int, Any] | None"]
+
+
+def run_in_one_statement(request: Request, attempt: Attempt) -> Response | None:
+    """A mutating request's first try where one statement claims the key and runs the effect.
+
+    `attempt` runs in a transaction opened here; it claims the (caller, key) record itself (as
+    `_claim` would, record `in_flight`) together with the effect, and returns the record's id
+    with the response, or None to decline (the key exists, or the effect wants the full path).
+    The record is then completed and committed in one more round trip, exactly as in
+    `run_idempotent`. None: declined, everything rolled back; run `run_idempotent` instead,
+    which answers replays, conflicts and refusals. A claim that waited out
+    `IDEMPOTENCY_LOCK_WAIT_MS` (SQLSTATE 55P03) is 409, as there.
+    """
+    if not _postgres():
+        return None
+    key = key_of(request)
+    fp = fingerprint(request.method or "", request.path, request.data)
+    try:
+        with transaction.atomic():
+            done = attempt(principal_of(request), key, fp)
+            if done is None:
+                raise _Declined
+            record_id, status, body = done
+            return _complete(record_id, status, body, [])
+    except _Declined:
+        return None
+    except DatabaseError as error:
+        if sqlstate_of(error) == LOCK_NOT_AVAILABLE:
+            raise _in_flight(key) from error
+        raise
+
+
 def run_idempotent(
     request: Request, effect: Effect, *, deferred_writes: list[tuple[str, list[Any]]] | None = None,
     pass_now: bool = False,
@@ -212,20 +275,7 @@ def run_idempotent(
                         deferred_writes.clear()  # a retried attempt starts over
                     record_id, now = claimed
                     status, body = effect(now) if pass_now else effect()
-                    # What we store is byte-for-byte what every replay will return.
-                    text, body = _stored_form(body)
-                    if not _postgres():  # embedded SQLite: one statement at a time
-                        _complete_portable(record_id, status, body, deferred_writes or [])
-                        return Response(body, status=status)
-                    sql, params = _COMPLETE, [status, text, record_id]
-                    for extra_sql, extra_params in deferred_writes or ():
-                        sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]
-                    if _commit_inline():
-                        sql = f"{sql}; COMMIT"
-                    with connection.cursor() as cursor:
-                        # Client-side binding (as in _claim): the statements travel together.
-                        cursor.execute(sql, params)
-                    return Response(body, status=status)
+                    return _complete(record_id, status, body, deferred_writes or [])
             # jsonb reorders keys: re-canonicalize so replays are byte-identical to the original.
             replay = json.loads(canonical_json(stored.body))
             return Response(replay, status=stored.status, headers={REPLAYED_HEADER: "true"})
@@ -234,9 +284,7 @@ def run_idempotent(
         except DatabaseError as error:
             state = sqlstate_of(error)
             if state == LOCK_NOT_AVAILABLE:
-                raise IdempotencyKeyInFlight(
-                    f"A request with {HEADER} {key!r} is still in flight; retry later.", key=key
-                ) from error
+                raise _in_flight(key) from error
             if state not in RETRYABLE_SQLSTATES or attempt == RETRIES:
                 raise
             time.sleep(0.005 * 2**attempt)

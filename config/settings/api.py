@@ -49,6 +49,11 @@ IDEMPOTENCY_COMMIT_INLINE = env.bool("IDEMPOTENCY_COMMIT_INLINE", default=True)
 # How long a duplicate request waits for the in-flight original before answering 409.
 IDEMPOTENCY_LOCK_WAIT_MS = env.int("IDEMPOTENCY_LOCK_WAIT_MS", default=5000)
 
+# PostgreSQL: a job submission that will be accepted runs as one statement, `jobs_submit`
+# (docs/decisions/0006-job-submission-in-one-statement.md); anything else takes the Python path.
+# Off: every submission takes the Python path (A/B benchmarks, equivalence tests).
+JOBS_SUBMIT_IN_SQL = env.bool("JOBS_SUBMIT_IN_SQL", default=True)
+
 # Requests with a larger body are rejected (400) before they are parsed.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=64 * 1024)
 

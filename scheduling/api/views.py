@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
-from config.api.idempotency import key_of, run_idempotent
+from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
 from config.api.serializers import validated
 from scheduling.api.serializers import (
@@ -26,6 +26,8 @@ from scheduling.api.serializers import (
 from scheduling.models import Job
 from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
+from scheduling.services.submission_sql import enabled as submission_in_sql
+from scheduling.services.submission_sql import submit_job_in_sql
 
 # The submission body's serializer, built once: DRF builds a serializer's fields per instance
 # (deep copies), which cost more than validating one body. See `config.api.serializers.validated`.
@@ -111,8 +113,19 @@ class JobListCreateView(GenericAPIView):
             body["hold"] = render_hold_summary(job.current_hold)
             return 201, body
 
+        def in_one_statement(principal: str, key: str, fingerprint: str) -> tuple[int, int, Any] | None:
+            done = submit_job_in_sql(user=request.user, project=project, spec=spec, idempotency_key=key,
+                                     principal=principal, fingerprint=fingerprint)
+            if done is None:
+                return None
+            return done.record_id, 201, {**render_new_job(done.job), "hold": render_hold_summary(done.hold)}
+
         with submission_gate(request, org_id=project.org_id, cap=project.org.max_inflight_submissions,
                              scope="jobs-submit"):
+            # PostgreSQL: a submission that will be accepted is one statement (ADR 0006); any
+            # other outcome is decided by the Python path below, which it leaves untouched.
+            if submission_in_sql() and (fast := run_in_one_statement(request, in_one_statement)):
+                return fast
             return run_idempotent(request, effect, deferred_writes=deferred, pass_now=True)
 
 
