@@ -55,10 +55,11 @@ BEGIN
     END IF;
 
     -- 2. The job, `queued`, with the caller's column values (defaults included).
-    o_job := nextval(pg_get_serial_sequence('scheduling_job', 'id'));
+    -- (`SELECT * FROM f()`, not `SELECT (f()).*`, which would call f once per column.)
     INSERT INTO scheduling_job
-    SELECT (jsonb_populate_record(NULL::scheduling_job, p_job || jsonb_build_object(
-        'id', o_job, 'submitted_at', o_now, 'updated_at', o_now))).*;
+    SELECT * FROM jsonb_populate_record(NULL::scheduling_job, p_job || jsonb_build_object(
+        'id', nextval('scheduling_job_id_seq'), 'submitted_at', o_now, 'updated_at', o_now))
+    RETURNING id INTO o_job;
 
     -- 3. Budgets: the current period of every applicable budget, created if missing, locked in
     -- lock order; any level the hold would cross goes to the Python path.

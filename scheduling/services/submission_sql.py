@@ -36,8 +36,8 @@ from ledger.retry import RETRYABLE_SQLSTATES, sqlstate_of
 from ledger.services import _sql as ledger_sql
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import catalog_knowing, hold_quote
-from scheduling.services.reservation import eligible_types, hold_seconds
 from scheduling.services import submission
+from scheduling.services.reservation import eligible_types, hold_seconds
 from scheduling.services.submission import JobSpec, _validate
 
 # SQLSTATEs after which the Python path decides: GBFBK (`jobs_submit`: a budget level would be

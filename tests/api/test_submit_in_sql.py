@@ -105,17 +105,18 @@ def _effects(tenant: Tenant) -> dict[str, Any]:
                   for h in holds],
         "lines": [(hold_no[line.hold_id], bucket_no[line.bucket_id], line.authorized)
                   for line in HoldLine.objects.filter(hold__org=tenant.org).order_by("id")],
-        "journal": [(named(t.key), named(t.memo), t.amount, {**t.params, "reference": named(t.params["reference"]),
-                                                             "project": t.params["project"] == tenant.project.pk,
-                                                             "user": t.params["user"] == tenant.user.pk})
-                    for t in txns],
+        "journal": [(named(t.key), named(t.memo), t.amount, {
+            **t.params, "reference": named(t.params["reference"]),
+            "project": t.params["project"] == tenant.project.pk, "user": t.params["user"] == tenant.user.pk,
+        }) for t in txns],
         "postings": [(txn_no[p.transaction_id], p.account, bucket_no[p.bucket_id], p.amount)
                      for p in Posting.objects.filter(transaction__in=txns).order_by("id")],
-        "buckets": list(Bucket.objects.filter(org=tenant.org).order_by("id").values_list("available", "held")),
+        "buckets": list(Bucket.objects.filter(org=tenant.org).order_by("id")
+                        .values_list("available", "held")),
         "periods": list(BudgetPeriod.objects.filter(org_id=tenant.org.pk).order_by("budget__level", "id")
                         .values_list("budget__level", "starts_at", "ends_at", "held", "spent")),
-        "charges": sorted((c.period.budget.level, hold_no[c.hold_id], c.held, c.spent)
-                          for c in BudgetCharge.objects.filter(hold__org=tenant.org).select_related("period__budget")),
+        "charges": sorted((c.period.budget.level, hold_no[c.hold_id], c.held, c.spent) for c in
+                          BudgetCharge.objects.filter(hold__org=tenant.org).select_related("period__budget")),
         "events": events,
         "records": records,
     }
@@ -215,7 +216,8 @@ def test_a_scheduled_price_is_used_until_it_takes_effect(fleet: dict[str, GpuTyp
     assert response.json()["estimate"] == 2 * 4 * MICRO  # the H100 price in effect now
 
 
-def test_invalid_and_forbidden_requests_take_the_python_path(fleet: dict[str, GpuType], tenant: Tenant) -> None:
+def test_invalid_and_forbidden_requests_take_the_python_path(fleet: dict[str, GpuType],
+                                                             tenant: Tenant) -> None:
     api = client_for(tenant.user)
     response, statements = _post(api, _body(tenant, gpu_types=["H100", "H100"]))
     assert response.status_code == 400 and not _in_sql(statements)
