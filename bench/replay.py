@@ -443,6 +443,9 @@ def main() -> None:
         help="override a Config field of 'ours' (e.g. --set size_weight=0.6), for tuning runs",
     )
     args = ap.parse_args()
+    known = [label for label, _ in POLICIES]
+    if unknown := [label for label in args.policies.split(",") if label not in known]:
+        ap.error(f"--policies: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if args.from_dumps and args.plot:
         curves_from: dict[str, list[float]] = {}
         for name in args.from_dumps.split(","):
