@@ -58,7 +58,7 @@ class JobSpec:
     regions: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _validate(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
+def validate_spec(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
     """Check names against the catalog snapshot (no queries unless a name is new to it)."""
     errors: dict[str, list[str]] = {}
     if unknown := [name for name in spec.gpu_types if name not in snap.memory_gb]:
@@ -196,7 +196,7 @@ def submit_job(
         raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
     snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
                            regions=spec.regions)
-    cls, preemptible = _validate(spec, snap)
+    cls, preemptible = validate_spec(spec, snap)
     types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
     if now is None:
         now = db_now()

@@ -4,7 +4,7 @@ The API tries this first. It does in one function call what the idempotency clai
 `submit_job` do in five statements and a few thousand Python calls: claim the key, insert the
 job, lock and check the budgets, place the hold (with the submission's audit event), count it in
 the budgets and point the job at it. Everything it checks in Python first is `submit_job`'s own
-code (`_validate`, `eligible_types`, `hold_seconds`, the catalog's prices).
+code (`validate_spec`, `eligible_types`, `hold_seconds`, the catalog's prices).
 
 It declines — returns None, having written nothing that will stay — whenever the answer could
 differ from the Python path's: the key exists (a replay, a conflict or one in flight), the
@@ -38,7 +38,7 @@ from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import catalog_knowing, hold_quote
 from scheduling.services import submission
 from scheduling.services.reservation import eligible_types, hold_seconds
-from scheduling.services.submission import JobSpec, _validate
+from scheduling.services.submission import JobSpec, validate_spec
 
 # SQLSTATEs after which the Python path decides: GBFBK (`jobs_submit`: a budget level would be
 # crossed, or the price moved), GB402 (`ledger_place_hold`: funds short), and the retryable ones.
@@ -82,7 +82,7 @@ def submit_job_in_sql(
     try:
         snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
                                regions=spec.regions)
-        cls, preemptible = _validate(spec, snap)
+        cls, preemptible = validate_spec(spec, snap)
         types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
         job = Job(
             org_id=project.org_id, project=project, user=user, name=spec.name,
