@@ -44,6 +44,13 @@ SUBMISSIONS_REJECTED = Counter(
     "rate-limited, validation-error, ...).",
     ["reason"],
 )
+SUBMISSION_PATHS = Counter(
+    "gpubank_job_submission_paths",
+    "POST /api/v1/jobs that reached the submission, by path: one_statement (jobs_submit accepted "
+    "it), declined (jobs_submit declined it to the Python path), python (the one-statement path is "
+    "off: SQLite, JOBS_SUBMIT_IN_SQL=False).",
+    ["path"],
+)
 HOLD_EVENTS = Counter(
     "gpubank_hold_events", "Ledger hold lifecycle events (placed, extended, settled).", ["event"]
 )
@@ -155,6 +162,11 @@ def scheduler_pass(*, load_s: float, core_s: float, write_s: float, pending_clas
     for cls in _seen_classes:
         SCHEDULER_PENDING.labels(cls).set(pending.get(cls, 0))
     SCHEDULER_LAST_PASS.set(time.time())
+
+
+def submission_path(path: str) -> None:
+    """A submission was answered through `path` (see SUBMISSION_PATHS)."""
+    SUBMISSION_PATHS.labels(path).inc()
 
 
 def submission_result(*, status: int, problem_type: str) -> None:

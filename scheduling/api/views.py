@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
+from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
 from config.api.serializers import validated
@@ -124,8 +125,13 @@ class JobListCreateView(GenericAPIView):
                              scope="jobs-submit"):
             # PostgreSQL: a submission that will be accepted is one statement (ADR 0006); any
             # other outcome is decided by the Python path below, which it leaves untouched.
-            if submission_in_sql() and (fast := run_in_one_statement(request, in_one_statement)):
+            if not submission_in_sql():
+                metrics.submission_path("python")
+            elif fast := run_in_one_statement(request, in_one_statement):
+                metrics.submission_path("one_statement")
                 return fast
+            else:
+                metrics.submission_path("declined")
             return run_idempotent(request, effect, deferred_writes=deferred, pass_now=True)
 
 

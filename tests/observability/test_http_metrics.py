@@ -101,3 +101,16 @@ def test_budget_exceeded_is_its_own_reason(api: APIClient, job_body: Callable, t
     assert response.status_code == 402 and response.json()["type"] == "budget-exceeded"
     after = scrape()
     assert delta(before, after, "gpubank_job_submissions_rejected_total", reason="budget-exceeded") == 1
+
+
+def test_submission_paths(api: APIClient, job_body: Callable[..., dict[str, Any]], tenant: Tenant,
+                          settings: Any) -> None:
+    paths = ("one_statement", "declined", "python")
+    before = scrape()
+    assert post_job(api, job_body(gpu_count=1)).status_code == 201  # jobs_submit accepts it
+    assert post_job(api, job_body(gpu_count=1000)).status_code == 402  # funds short: declined
+    settings.JOBS_SUBMIT_IN_SQL = False
+    assert post_job(api, job_body(gpu_count=1)).status_code == 201
+    after = scrape()
+    counts = [delta(before, after, "gpubank_job_submission_paths_total", path=p) for p in paths]
+    assert counts == [1, 1, 1]
