@@ -156,6 +156,9 @@ class Quotas:
     project: Mapping[tuple[int, str], int] = field(default_factory=dict)
 
 
+END_TIME_PACKING: tuple[str, ...] = ("off", "tightest", "partial")
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Policy knobs. Weights are in units of one priority-class step (see docs/scheduler.md)."""
@@ -203,12 +206,24 @@ class Config:
     stopped (SRPT). 0 = no such rule. Default 1 since ADR 0005."""
     max_preemptions_per_pass: int = 1_000_000
     """Newly signalled victims per pass; later blocked jobs wait for GPUs to free normally."""
+    end_time_packing: str = "off"
+    """Single-node placement by expected end time (long jobs beside long ones, so whole nodes
+    drain): a node's end is the latest `started_at + max_wall_seconds` of its jobs, a placed job's
+    is now + its wall on the type. "off" = tightest fit only; "tightest" = among the nodes of the
+    tightest-fitting free count, the one whose end is closest to the job's; "partial" = among all
+    fitting nodes that already run something, closest end first, tightest fit on ties (an idle
+    node only when no busy node fits, tightest first). Multi-node gangs are unaffected."""
 
     def __post_init__(self) -> None:
         if not self.preemption_exempt_growth >= 1.0:  # also rejects NaN
             raise ValueError(
                 f"preemption_exempt_growth must be >= 1 (1 = off), got {self.preemption_exempt_growth!r}: "
                 "below 1 a preempted job would be exempt for less than the minimum runtime"
+            )
+        if self.end_time_packing not in END_TIME_PACKING:
+            raise ValueError(
+                f"end_time_packing must be one of {', '.join(END_TIME_PACKING)}, "
+                f"got {self.end_time_packing!r}"
             )
 
 

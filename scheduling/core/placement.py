@@ -19,11 +19,30 @@ GroupKey = tuple[str, str, str]
 class FleetState:
     """Mutable free-GPU view of the ready fleet for one scheduling pass."""
 
-    def __init__(self, nodes: Iterable[Node], running: Iterable[RunningJob]) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        running: Iterable[RunningJob],
+        end_time_packing: str = "off",
+        now: float = 0.0,
+        grace_seconds: float = 0.0,
+    ) -> None:
         busy: dict[int, set[int]] = defaultdict(set)
+        # end_time_packing: node -> latest expected end of what runs on it (never before now).
+        self.packing = end_time_packing if end_time_packing != "off" else ""
+        self.now = now
+        self.node_end: dict[int, float] = {}
+        node_end = self.node_end
         for job in running:
             for node_id, idx in job.allocations:
                 busy[node_id].update(idx)
+            if self.packing:
+                end = job.started_at + job.max_wall_seconds
+                if job.preemption_requested_at is not None:
+                    end = min(end, job.preemption_requested_at + grace_seconds)
+                for node_id, _ in job.allocations:
+                    if end > node_end.get(node_id, now):
+                        node_end[node_id] = end
         self.node: dict[int, Node] = {}
         self.free: dict[int, set[int]] = {}
         self.max_gpus: dict[str, int] = {}
@@ -72,6 +91,13 @@ class FleetState:
         bucket[after][node_id] = None
         self.group_free[self.group_of[node_id]] += after - before
         self.free_total += after - before
+
+    def note_end(self, allocations: Allocation, end: float) -> None:
+        """A job placed on `allocations` is expected to end at `end` (end_time_packing only)."""
+        node_end = self.node_end
+        for node_id, _ in allocations:
+            if end > node_end.get(node_id, self.now):
+                node_end[node_id] = end
 
     def take(self, allocations: Allocation) -> None:
         for node_id, idx in allocations:
@@ -144,12 +170,69 @@ class FleetState:
     def is_multi(self, gpu_type: str, gpu_count: int) -> bool:
         return gpu_count > self.max_gpus.get(gpu_type, 0)
 
-    def find(self, gpu_type: str, gpu_count: int, regions: tuple[str, ...]) -> Allocation | None:
+    def find(
+        self, gpu_type: str, gpu_count: int, regions: tuple[str, ...], end: float | None = None
+    ) -> Allocation | None:
+        """A gang of `gpu_count` on one type; `end` (the job's expected end) is read only when
+        end-time packing is on, and only for a gang that fits one node."""
         if gpu_type not in self.max_gpus or gpu_count <= 0:
             return None
         if self.is_multi(gpu_type, gpu_count):
             return self._find_multi(gpu_type, gpu_count, regions)
+        if self.packing and end is not None:
+            return self._find_single_packed(gpu_type, gpu_count, regions, end)
         return self._find_single(gpu_type, gpu_count, regions)
+
+    def _find_single_packed(
+        self, gpu_type: str, g: int, regions: tuple[str, ...], end: float
+    ) -> Allocation | None:
+        """End-time-aware single-node fit: the node whose latest expected end is closest to `end`.
+
+        "tightest": only nodes of the tightest-fitting free count are compared (fragmentation as
+        without packing). "partial": every fitting node that already runs something is compared,
+        free count breaking ties; an idle node (all its GPUs free) only if no busy node fits.
+        Ties keep the order the plain tightest fit would use.
+        """
+        node_end, now, nodes, free = self.node_end, self.now, self.node, self.free
+        best: tuple[float, int, int] | None = None  # (|node end - end|, free count, node id)
+        idle: tuple[int, int] | None = None  # (free count, node id): the tightest idle node
+        tightest = self.packing == "tightest"
+        k_min = None
+        if tightest:
+            for region in self.regions_of[gpu_type]:
+                if regions and region not in regions:
+                    continue
+                buckets = self.buckets[(gpu_type, region)]
+                for k in range(g, len(buckets)):
+                    if buckets[k]:
+                        if k_min is None or k < k_min:
+                            k_min = k
+                        break
+            if k_min is None:
+                return None
+        for region in self.regions_of[gpu_type]:
+            if regions and region not in regions:
+                continue
+            buckets = self.buckets[(gpu_type, region)]
+            ks = (k_min,) if k_min is not None else range(g, len(buckets))
+            for k in ks:
+                if k >= len(buckets):
+                    continue
+                for node_id in buckets[k]:
+                    if not tightest and k == nodes[node_id].gpu_count:
+                        if idle is None or k < idle[0]:
+                            idle = (k, node_id)
+                        continue
+                    d = abs(node_end.get(node_id, now) - end)
+                    if best is None or (d, k) < best[:2]:
+                        best = (d, k, node_id)
+        if best is not None:
+            node_id = best[2]
+        elif idle is not None:
+            node_id = idle[1]
+        else:
+            return None
+        return ((node_id, tuple(sorted(free[node_id])[:g])),)
 
     def _find_single(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
         best: tuple[int, int] | None = None

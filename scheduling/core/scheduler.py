@@ -38,7 +38,9 @@ class _Pass:
         self.now = snap.now
         self.classes = {c.name: c for c in self.cfg.priority_classes}
         self.rank_of = {c.name: c.rank for c in self.cfg.priority_classes}
-        self.state = FleetState(snap.nodes, snap.running)
+        self.state = FleetState(
+            snap.nodes, snap.running, self.cfg.end_time_packing, snap.now, self.cfg.grace_seconds
+        )
         self.result = Result()
         self.types_sorted = sorted(
             snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
@@ -326,23 +328,26 @@ class _Pass:
 
     def try_place(self, job: PendingJob, gpu_type: str, wall: float) -> Allocation | None:
         # The unmasked pool first: cheap and usually enough; lifting masks costs bookkeeping.
-        alloc = self._find(job, gpu_type, _NONE)
+        alloc = self._find(job, gpu_type, _NONE, wall)
         if alloc is None:
             lifted = self.lifted(gpu_type, wall)
             if lifted:
-                alloc = self._find(job, gpu_type, lifted)
+                alloc = self._find(job, gpu_type, lifted, wall)
         return alloc
 
-    def _find(self, job: PendingJob, gpu_type: str, lifted: frozenset[int]) -> Allocation | None:
+    def _find(self, job: PendingJob, gpu_type: str, lifted: frozenset[int], wall: float) -> Allocation | None:
         key: FailKey = (gpu_type, job.regions, lifted, self.state.is_multi(gpu_type, job.gpu_count))
         known = self.fail_min.get(key)
         if known is not None and job.gpu_count >= known:
             return None  # a gang this big (or smaller) already failed against the same free pool
         for jid in lifted:
             self.state.unmask(jid)
-        alloc = self.state.find(gpu_type, job.gpu_count, job.regions)
+        end = self.now + wall
+        alloc = self.state.find(gpu_type, job.gpu_count, job.regions, end)
         if alloc is not None:
             self.state.take(alloc)
+            if self.state.packing:
+                self.state.note_end(alloc, end)
             if lifted:
                 self._masks_changed(gpu_type)
         for jid in lifted:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from scheduling.core import Quotas, schedule
+import pytest
+
+from scheduling.core import Config, Quotas, schedule
 from scheduling.core import reasons as R
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -141,3 +143,80 @@ def test_ski_rental_takes_slower_type_when_fast_queue_is_long() -> None:
     ]
     res = schedule(snap(nodes, pending, now=10_000.0, slow_type_wait_factor=0.5))
     assert [(p.job_id, p.gpu_type) for p in res.placements] == [(3, "T4")]
+
+
+# -- end_time_packing -----------------------------------------------------------------------------
+H = 3600.0
+NOW = 10_000.0
+
+
+def _two_half_busy_nodes(first_wall: float, second_wall: float) -> tuple[list, list]:
+    """Nodes 1 and 2, 4 of 8 GPUs busy on each, their jobs ending in `first_wall` / `second_wall`."""
+    nodes = [node(1), node(2)]
+    run = [
+        running(50, ((1, (0, 1, 2, 3)),), started=NOW, wall=first_wall),
+        running(51, ((2, (0, 1, 2, 3)),), started=NOW, wall=second_wall),
+    ]
+    return nodes, run
+
+
+def test_end_time_packing_places_long_job_beside_long_jobs() -> None:
+    nodes, run = _two_half_busy_nodes(1 * H, 100 * H)  # node 1 drains soon, node 2 runs 100 h
+    long_job = [job(1, wall=90 * H)]
+    # Off: plain tightest fit, equal free counts, first node.
+    (p,) = schedule(snap(nodes, long_job, run, now=NOW)).placements
+    assert p.allocations[0][0] == 1
+    for mode in ("tightest", "partial"):
+        (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing=mode)).placements
+        assert p.allocations[0][0] == 2, mode
+
+
+def test_end_time_packing_places_short_job_beside_short_jobs() -> None:
+    nodes, run = _two_half_busy_nodes(100 * H, 1 * H)  # node 1 runs 100 h, node 2 drains soon
+    short_job = [job(1, wall=1 * H)]
+    (p,) = schedule(snap(nodes, short_job, run, now=NOW)).placements
+    assert p.allocations[0][0] == 1
+    for mode in ("tightest", "partial"):
+        (p,) = schedule(snap(nodes, short_job, run, now=NOW, end_time_packing=mode)).placements
+        assert p.allocations[0][0] == 2, mode
+
+
+def test_end_time_packing_partial_looks_past_the_tightest_node_but_not_at_idle_ones() -> None:
+    # Node 1: 2 free, its job ends in 1 h. Node 2: 4 free, its job runs 100 h. Node 3: idle.
+    nodes = [node(1), node(2), node(3)]
+    run = [
+        running(50, ((1, (0, 1, 2, 3, 4, 5)),), started=NOW, wall=1 * H),
+        running(51, ((2, (0, 1, 2, 3)),), started=NOW, wall=100 * H),
+    ]
+    long_job = [job(1, wall=100 * H)]
+    for mode in ("off", "tightest"):  # tightest fit first: node 1
+        (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing=mode)).placements
+        assert p.allocations[0][0] == 1, mode
+    (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing="partial")).placements
+    assert p.allocations[0][0] == 2
+    # A short job goes to node 1 (closest end), never to the idle node 3 (whose end is "now").
+    (p,) = schedule(snap(nodes, [job(1, wall=60.0)], run, now=NOW, end_time_packing="partial")).placements
+    assert p.allocations[0][0] == 1
+    # With no busy node fitting, the tightest idle node is used.
+    (p,) = schedule(snap(nodes, [job(1, gpus=8)], run, now=NOW, end_time_packing="partial")).placements
+    assert p.allocations[0][0] == 3
+
+
+def test_end_time_packing_counts_jobs_placed_earlier_in_the_same_pass() -> None:
+    # Both nodes' jobs end in 1 h; node 1 is tighter. The long premium job goes first (tightest),
+    # which makes node 1 a 100 h node: the short job after it goes to node 2.
+    nodes = [node(1), node(2)]
+    run = [
+        running(50, ((1, (0, 1, 2, 3, 4)),), started=NOW, wall=1 * H),
+        running(51, ((2, (0, 1, 2, 3)),), started=NOW, wall=1 * H),
+    ]
+    pending = [job(1, cls="premium", wall=100 * H), job(2, wall=1 * H)]
+    res = schedule(snap(nodes, pending, run, now=NOW, end_time_packing="partial"))
+    assert {p.job_id: p.allocations[0][0] for p in res.placements} == {1: 1, 2: 2}
+    res = schedule(snap(nodes, pending, run, now=NOW))
+    assert {p.job_id: p.allocations[0][0] for p in res.placements} == {1: 1, 2: 1}
+
+
+def test_end_time_packing_rejects_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="end_time_packing"):
+        Config(end_time_packing="longest")
