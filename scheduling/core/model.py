@@ -156,7 +156,7 @@ class Quotas:
     project: Mapping[tuple[int, str], int] = field(default_factory=dict)
 
 
-END_TIME_PACKING: tuple[str, ...] = ("off", "tightest", "partial", "types")
+END_TIME_PACKING: tuple[str, ...] = ("off", "tightest", "partial")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +212,7 @@ class Config:
     is now + its wall on the type. "off" = tightest fit only; "tightest" = among the nodes of the
     tightest-fitting free count, the one whose end is closest to the job's; "partial" = among all
     fitting nodes that already run something, closest end first, tightest fit on ties (an idle
-    node only when no busy node fits, tightest first); "types" = "partial" across the job's
-    acceptable types too: a job that fits one node goes to the type whose choice is closest in end
-    (an idle node only if no busy node of any type fits), preference order breaking ties, so it
-    may run on a less preferred type. Multi-node gangs are unaffected."""
+    node only when no busy node fits, tightest first). Multi-node gangs are unaffected."""
 
     def __post_init__(self) -> None:
         if not self.preemption_exempt_growth >= 1.0:  # also rejects NaN

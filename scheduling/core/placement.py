@@ -186,25 +186,14 @@ class FleetState:
     def _find_single_packed(
         self, gpu_type: str, g: int, regions: tuple[str, ...], end: float
     ) -> Allocation | None:
-        """End-time-aware single-node fit: the node whose latest expected end is closest to `end`."""
-        choice = self.packed_choice(gpu_type, g, regions, end)
-        if choice is None:
-            return None
-        node_id = choice[3]
-        return ((node_id, tuple(sorted(self.free[node_id])[:g])),)
-
-    def packed_choice(
-        self, gpu_type: str, g: int, regions: tuple[str, ...], end: float
-    ) -> tuple[int, float, int, int] | None:
-        """(idle, |node end - end|, free count, node id) of the end-time packing choice for a gang
-        of g that fits one node of the type, or None if none fits.
+        """End-time-aware single-node fit: the node whose latest expected end is closest to `end`.
 
         "tightest": only nodes of the tightest-fitting free count are compared (fragmentation as
-        without packing). "partial"/"types": every fitting node that already runs something is
-        compared, free count breaking ties; an idle node (all its GPUs free, idle = 1) only if no
-        busy node fits. Ties keep the order the plain tightest fit would use.
+        without packing). "partial": every fitting node that already runs something is compared,
+        free count breaking ties; an idle node (all its GPUs free) only if no busy node fits.
+        Ties keep the order the plain tightest fit would use.
         """
-        node_end, now, nodes = self.node_end, self.now, self.node
+        node_end, now, nodes, free = self.node_end, self.now, self.node, self.free
         best: tuple[float, int, int] | None = None  # (|node end - end|, free count, node id)
         idle: tuple[int, int] | None = None  # (free count, node id): the tightest idle node
         tightest = self.packing == "tightest"
@@ -238,10 +227,12 @@ class FleetState:
                     if best is None or (d, k) < best[:2]:
                         best = (d, k, node_id)
         if best is not None:
-            return (0, *best)
-        if idle is not None:
-            return (1, 0.0, *idle)
-        return None
+            node_id = best[2]
+        elif idle is not None:
+            node_id = idle[1]
+        else:
+            return None
+        return ((node_id, tuple(sorted(free[node_id])[:g])),)
 
     def _find_single(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
         best: tuple[int, int] | None = None

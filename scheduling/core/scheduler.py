@@ -55,7 +55,6 @@ class _Pass:
         self.fair = self.cfg.policy == "fair"
         self.do_backfill = self.cfg.policy == "fifo_backfill" or (self.fair and self.cfg.backfill)
         self.do_preempt = self.fair and self.cfg.preemption
-        self.pack_types = self.cfg.end_time_packing == "types"
         self.preempting = {c.name for c in self.cfg.priority_classes if c.can_preempt and self.do_preempt}
         self.has_quotas = bool(snap.quotas.org or snap.quotas.project)
         self.blocked_by: int | None = None
@@ -224,12 +223,7 @@ class _Pass:
             if hit is not None and all(walls[t] >= w for t, w in zip(types, hit[0], strict=True)):
                 self.note_waiting(job, fastest, walls)
                 return self.skip(job, hit[1], hit[2])
-        place_types = types
-        if self.pack_types and len(types) > 1:
-            best = self.packed_type(job, types, walls)
-            if best is not None:  # tried first; preemption and reservations keep preference order
-                place_types = [best] + [t for t in types if t != best]
-        for t in place_types:
+        for t in types:
             alloc = self.try_place(job, t, walls[t])
             if alloc is not None:
                 return self.place(job, t, alloc, walls[t])
@@ -331,22 +325,6 @@ class _Pass:
             return _NONE
         end = self.now + wall
         return frozenset(r.job_id for r in self.holding(gpu_type) if end <= r.start_at)
-
-    def packed_type(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> str | None:
-        """end_time_packing="types": the acceptable type whose end-time packing choice in the
-        unmasked pool is best (busy node before idle, then closest end, then tightest, then
-        preference order); None if the gang fits one node of none of them. A type on which the
-        job's wall is longer than on the first type is never chosen: packing does not slow a job."""
-        best: tuple[tuple[int, float, int, int], str] | None = None
-        state = self.state
-        first_wall = walls[types[0]]
-        for i, t in enumerate(types):
-            if walls[t] > first_wall or state.is_multi(t, job.gpu_count) or t not in state.max_gpus:
-                continue
-            c = state.packed_choice(t, job.gpu_count, job.regions, self.now + walls[t])
-            if c is not None and (best is None or (c[0], c[1], c[2], i) < best[0]):
-                best = ((c[0], c[1], c[2], i), t)
-        return None if best is None else best[1]
 
     def try_place(self, job: PendingJob, gpu_type: str, wall: float) -> Allocation | None:
         # The unmasked pool first: cheap and usually enough; lifting masks costs bookkeeping.

@@ -217,35 +217,6 @@ def test_end_time_packing_counts_jobs_placed_earlier_in_the_same_pass() -> None:
     assert {p.job_id: p.allocations[0][0] for p in res.placements} == {1: 1, 2: 1}
 
 
-def test_end_time_packing_types_may_take_a_less_preferred_type_beside_long_jobs() -> None:
-    # The H100 node's job ends in 1 h, the A100 node's runs 100 h; 4 GPUs free on each.
-    nodes = [node(1, "H100"), node(2, "A100")]
-    run = [
-        running(50, ((1, (0, 1, 2, 3)),), started=NOW, wall=1 * H),
-        running(51, ((2, (0, 1, 2, 3)),), started=NOW, wall=100 * H, gpu_type="A100"),
-    ]
-    either = ("H100", "A100")
-    long_job, short_job = [job(1, wall=100 * H, gpu_types=either)], [job(1, wall=1 * H, gpu_types=either)]
-    for mode in ("off", "tightest", "partial"):  # within the preferred type only
-        (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing=mode)).placements
-        assert p.gpu_type == "H100", mode
-    (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing="types")).placements
-    assert p.gpu_type == "A100" and p.allocations[0][0] == 2
-    # ...but never onto a type where the job runs longer than on its first choice.
-    slower = (("H100", 100 * H), ("A100", 150 * H))
-    slow_a100 = [job(1, wall=100 * H, gpu_types=either, max_wall_by_type=slower)]
-    (p,) = schedule(
-        snap(nodes, slow_a100, run, now=NOW, end_time_packing="types", slow_type_wait_factor=0.0)
-    ).placements
-    assert p.gpu_type == "H100"
-    (p,) = schedule(snap(nodes, short_job, run, now=NOW, end_time_packing="types")).placements
-    assert p.gpu_type == "H100"
-    # A busy node of a less preferred type is taken before an idle node of the preferred one.
-    idle_h100 = [node(1, "H100"), node(2, "A100")]
-    (p,) = schedule(snap(idle_h100, short_job, run[1:], now=NOW, end_time_packing="types")).placements
-    assert p.gpu_type == "A100"
-
-
 def test_end_time_packing_rejects_unknown_mode() -> None:
     with pytest.raises(ValueError, match="end_time_packing"):
         Config(end_time_packing="longest")
