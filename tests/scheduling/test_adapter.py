@@ -119,6 +119,15 @@ def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
         load_snapshot(now=timezone.now())
 
 
+def test_end_time_packing_is_an_operator_setting(settings: Any) -> None:
+    assert load_snapshot(now=timezone.now()).snapshot.config.end_time_packing == "off"
+    settings.SCHEDULER_END_TIME_PACKING = "tightest"
+    assert load_snapshot(now=timezone.now()).snapshot.config.end_time_packing == "tightest"
+    settings.SCHEDULER_END_TIME_PACKING = "newest"
+    with pytest.raises(ValueError, match="end_time_packing must be one of off, tightest, partial"):
+        load_snapshot(now=timezone.now())
+
+
 def test_pass_places_a_job_and_fixes_the_rate(
     fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
 ) -> None:
