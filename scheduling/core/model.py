@@ -197,6 +197,10 @@ class Config:
     """A job preempted k times before is exempt for min_runtime x this ** k of its new attempt:
     > 1 stops a stream of different preemptors taking turns on one long victim (each waits only
     the minimum runtime, so the victim could be stopped every 600 s forever). 1 = off."""
+    preemption_exempt_after: int = 0
+    """Growth starts only after this many earlier preemptions: a job preempted k times before is
+    exempt for min_runtime x growth ** max(0, k - this). Jobs preempted a few times keep the plain
+    minimum runtime; only repeatedly stopped ones get longer. 0 = grow from the first preemption."""
     grace_seconds: float = 120.0
     max_preemption_attempts: int = 64
     """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""
@@ -219,6 +223,10 @@ class Config:
             raise ValueError(
                 f"preemption_exempt_growth must be >= 1 (1 = off), got {self.preemption_exempt_growth!r}: "
                 "below 1 a preempted job would be exempt for less than the minimum runtime"
+            )
+        if not (isinstance(self.preemption_exempt_after, int) and self.preemption_exempt_after >= 0):
+            raise ValueError(
+                f"preemption_exempt_after must be an int >= 0, got {self.preemption_exempt_after!r}"
             )
         if self.end_time_packing not in END_TIME_PACKING:
             raise ValueError(

@@ -39,6 +39,7 @@ class VictimIndex:
         now: float,
         min_runtime: float,
         exempt_growth: float = 1.0,
+        exempt_after: int = 0,
     ) -> None:
         self.by_node: dict[int, list[RunningJob]] = defaultdict(list)
         self.rank: dict[int, int] = {}
@@ -54,10 +55,11 @@ class VictimIndex:
             if not on_ready:
                 continue  # its GPUs would not be reusable anyway
             signalled = job.preemption_requested_at is not None
+            grown = max(0, job.times_preempted - exempt_after)  # growth starts after `exempt_after`
             eligible = (
                 job.preemptible
                 and preemptible_class(job.priority_class)
-                and now - job.started_at >= min_runtime * exempt_growth**job.times_preempted
+                and now - job.started_at >= min_runtime * exempt_growth**grown
             )
             if not (signalled or eligible):
                 continue

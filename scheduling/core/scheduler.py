@@ -423,6 +423,7 @@ class _Pass:
                 self.now,
                 self.cfg.min_runtime_before_preemption_seconds,
                 self.cfg.preemption_exempt_growth,
+                self.cfg.preemption_exempt_after,
             )
         for t in types:
             key = (t, job.regions, rank)

@@ -80,6 +80,36 @@ def test_exemption_growth_below_one_is_refused() -> None:
     assert Config(preemption_exempt_growth=1.0).preemption_exempt_growth == 1.0
 
 
+def test_exemption_growth_starts_after_the_given_number_of_preemptions() -> None:
+    """Jobs preempted a few times keep the minimum runtime; only repeatedly stopped ones grow."""
+
+    def preempted(ran: float, times: int, after: int) -> bool:
+        run = _full_node(started=NOW - ran, times_preempted=times)
+        res = schedule(
+            snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW,
+                 min_runtime_before_preemption_seconds=600, preemption_exempt_growth=2.0,
+                 preemption_exempt_after=after)
+        )
+        return bool(res.preemptions)
+
+    assert preempted(700, times=3, after=3)  # not past the threshold: the minimum runtime only
+    assert preempted(700, times=2, after=3)
+    assert not preempted(1100, times=4, after=3)  # 600 x 2 ** (4 - 3)
+    assert preempted(1300, times=4, after=3)
+    assert not preempted(2300, times=5, after=3)  # 600 x 4
+    assert preempted(2500, times=5, after=3)
+    assert not preempted(4700, times=3, after=0)  # 0: today's growth, 600 x 8
+    assert preempted(4900, times=3, after=0)
+
+
+def test_exemption_after_must_be_a_non_negative_int() -> None:
+    for bad in (-1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="preemption_exempt_after must be an int >= 0"):
+            Config(preemption_exempt_after=bad)  # type: ignore[arg-type]
+    assert Config().preemption_exempt_after == 0
+    assert Config(preemption_exempt_after=10).preemption_exempt_after == 10
+
+
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
     for cls, preemptible, pending_cls in [
         ("batch", False, "production"),  # job opted out
