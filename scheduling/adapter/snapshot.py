@@ -89,6 +89,7 @@ def scheduler_config(classes: tuple[core.PriorityClass, ...]) -> core.Config:
             getattr(settings, "SCHEDULER_MIN_RUNTIME_SECONDS", 600)
         ),
         preemption_exempt_growth=float(getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_GROWTH", 1.0)),
+        preemption_exempt_after=int(getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_AFTER", 0)),
         end_time_packing=str(getattr(settings, "SCHEDULER_END_TIME_PACKING", "off")),
     )
 

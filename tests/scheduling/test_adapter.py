@@ -119,6 +119,15 @@ def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
         load_snapshot(now=timezone.now())
 
 
+def test_exempt_after_is_an_operator_setting(settings: Any) -> None:
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_after == 0
+    settings.SCHEDULER_PREEMPT_EXEMPT_AFTER = 5
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_after == 5
+    settings.SCHEDULER_PREEMPT_EXEMPT_AFTER = -1
+    with pytest.raises(ValueError, match="preemption_exempt_after must be an int >= 0"):
+        load_snapshot(now=timezone.now())
+
+
 def test_end_time_packing_is_an_operator_setting(settings: Any) -> None:
     assert load_snapshot(now=timezone.now()).snapshot.config.end_time_packing == "off"
     settings.SCHEDULER_END_TIME_PACKING = "tightest"
