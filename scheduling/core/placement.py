@@ -199,17 +199,10 @@ class FleetState:
         tightest = self.packing == "tightest"
         k_min = None
         if tightest:
-            for region in self.regions_of[gpu_type]:
-                if regions and region not in regions:
-                    continue
-                buckets = self.buckets[(gpu_type, region)]
-                for k in range(g, len(buckets)):
-                    if buckets[k]:
-                        if k_min is None or k < k_min:
-                            k_min = k
-                        break
-            if k_min is None:
+            fit = self._tightest(gpu_type, g, regions)
+            if fit is None:
                 return None
+            k_min = fit[0]
         for region in self.regions_of[gpu_type]:
             if regions and region not in regions:
                 continue
@@ -234,7 +227,9 @@ class FleetState:
             return None
         return ((node_id, tuple(sorted(free[node_id])[:g])),)
 
-    def _find_single(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
+    def _tightest(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> tuple[int, int] | None:
+        """(free count, node) of the tightest single node with at least g free GPUs of the type in
+        an allowed region (the first node of the smallest such free count), or None."""
         best: tuple[int, int] | None = None
         for region in self.regions_of[gpu_type]:
             if regions and region not in regions:
@@ -246,6 +241,10 @@ class FleetState:
                     if best is None or k < best[0]:
                         best = (k, next(iter(buckets[k])))
                     break
+        return best
+
+    def _find_single(self, gpu_type: str, g: int, regions: tuple[str, ...]) -> Allocation | None:
+        best = self._tightest(gpu_type, g, regions)
         if best is None:
             return None
         node_id = best[1]
