@@ -1,7 +1,7 @@
 """Replay a real GPU trace through the scheduling core with a simulated clock (no database).
 
     python bench/replay.py --trace philly [--limit N] [--vcs 6214e9,b436b2] [--load 0.8]
-    python bench/replay.py --trace alibaba [--limit N]
+    python bench/replay.py --trace alibaba [--limit N] [--seed S]
 
 Runs FIFO, FIFO + EASY backfill and ours (fair share + backfill + preemption) on the same jobs and
 fleet in one run, and prints one table. Event-driven: a scheduling pass runs at every instant when
@@ -423,6 +423,12 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0, help="philly: drop the first N jobs by arrival")
     ap.add_argument("--vcs", default=None, help="philly: comma-separated VC names (default all 15)")
     ap.add_argument("--load", type=float, default=0.8, help="offered load used to size the fleet")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the requested-wall factors, wall = duration x U(1, 3) (one draw per trace row)",
+    )
     ap.add_argument("--gpus-per-type", type=int, default=None, help="philly: override the fleet size")
     ap.add_argument("--full-fleet", action="store_true", help="alibaba: all listed nodes (no contention)")
     ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
@@ -464,9 +470,10 @@ def main() -> None:
             vcs=args.vcs.split(",") if args.vcs else None,
             load=args.load,
             gpus_per_type=args.gpus_per_type,
+            seed=args.seed,
         )
     else:
-        trace = load_alibaba(limit=args.limit, load=None if args.full_fleet else args.load)
+        trace = load_alibaba(limit=args.limit, load=None if args.full_fleet else args.load, seed=args.seed)
     for note in trace.notes:
         print("#", note)
     wanted = args.policies.split(",")

@@ -10,7 +10,7 @@ from scheduling.core import Config, GpuType, Node
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-from _traces import Trace, TraceJob
+from _traces import Trace, TraceJob, load_alibaba, load_philly
 from replay import Sim, jain, metrics
 
 
@@ -56,3 +56,21 @@ def test_every_policy_finishes_every_job() -> None:
 def test_jain_index() -> None:
     assert jain([2.0, 2.0, 2.0]) == 1.0
     assert abs(jain([1.0, 0.0, 0.0, 0.0]) - 0.25) < 1e-12
+
+
+def test_seed_draws_other_wall_factors_and_a_window_keeps_the_full_traces() -> None:
+    """`--seed` changes only the requested walls (duration x U(1, 3)); a `--skip` window draws
+    the same factor per trace row as the full trace, whatever the seed."""
+    first = load_philly(limit=40, seed=0)
+    again = load_philly(limit=40, seed=0)
+    other = load_philly(limit=40, seed=1)
+    assert [j.wall_factor for j in first.jobs] == [j.wall_factor for j in again.jobs]
+    assert [j.wall_factor for j in first.jobs] != [j.wall_factor for j in other.jobs]
+    assert [(j.arrival, j.gpu_count, j.duration) for j in first.jobs] == [
+        (j.arrival, j.gpu_count, j.duration) for j in other.jobs
+    ]
+    window = load_philly(skip=10, limit=30, seed=1)
+    assert [j.wall_factor for j in window.jobs] == [j.wall_factor for j in other.jobs[10:]]
+    a0, a1 = load_alibaba(limit=40, seed=0), load_alibaba(limit=40, seed=1)
+    assert [j.wall_factor for j in a0.jobs] != [j.wall_factor for j in a1.jobs]
+    assert all(1.0 <= j.wall_factor <= 3.0 for j in a1.jobs)
