@@ -9,7 +9,8 @@ something happens (arrival, completion, preempted job's exit), like a tick trigg
 submission or a finish. Jobs run exactly their trace duration on the type they were placed on and
 are never killed early (requested wall = duration x U(1,3) >= duration). A preempted job keeps its
 progress up to its exit (it checkpoints during the grace period) and is queued again with its
-original submission time.
+original submission time; `--restart-seconds R` makes each resumption run R seconds before it
+progresses again (restore, reload), which free restarts (the default) leave out.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Attempt:
     start: float
     remaining_at_start: float
     end: float
+    overhead: float = 0.0
+    """Seconds at the start of this attempt that make no progress (a resumed job's restart)."""
 
 
 @dataclass
@@ -70,6 +73,9 @@ class Sim:
     trace: Trace
     config: Config
     label: str
+    restart_seconds: float = 0.0
+    """Cost of each resumption after a preemption: the attempt runs this long before it makes
+    progress again (restore the checkpoint, reload, warm up). 0 = free restarts."""
     stats: dict[int, JobStats] = field(default_factory=dict)
     preemptions: int = 0
     passes: int = 0
@@ -118,15 +124,16 @@ class Sim:
                 st.run_seconds += ran
                 st.gpu_seconds += ran * job.gpu_count
                 speed = min(job.duration.values()) / job.duration[att.running.gpu_type]
+                if att.overhead and ran > 0:  # the restart is busy GPU time but no useful work
+                    speed *= max(ran - att.overhead, 0.0) / ran
                 self.attempts.append((att.start, now, job.gpu_count, speed, job.team))
                 if kind == FINISH:
                     st.finish = now
                     remaining[jid] = 0.0
                     done += 1
                 else:  # EXIT after preemption: progress kept, queued again
-                    remaining[jid] = max(
-                        att.remaining_at_start - ran / job.duration[att.running.gpu_type], 0.0
-                    )
+                    progress = max(ran - att.overhead, 0.0) / job.duration[att.running.gpu_type]
+                    remaining[jid] = max(att.remaining_at_start - progress, 0.0)
                     if remaining[jid] <= 1e-9:
                         st.finish = now
                         done += 1
@@ -176,7 +183,8 @@ class Sim:
                     pj = pending.pop(d.job_id)
                     attempt_seq += 1
                     rem = remaining[d.job_id]
-                    end = now + rem * job.duration[d.gpu_type]
+                    overhead = self.restart_seconds if self.stats[job.id].preempted else 0.0
+                    end = now + overhead + rem * job.duration[d.gpu_type]
                     rj = RunningJob(
                         id=job.id,
                         attempt_id=attempt_seq,
@@ -196,7 +204,7 @@ class Sim:
                         gpu_memory_gb=pj.gpu_memory_gb,
                         max_wall_by_type=pj.max_wall_by_type,
                     )
-                    running[job.id] = Attempt(rj, now, rem, end)
+                    running[job.id] = Attempt(rj, now, rem, end, overhead)
                     for node_id, idx in d.allocations:
                         assert free[node_id].issuperset(idx), "double allocation"
                         free[node_id].difference_update(idx)
@@ -432,6 +440,13 @@ def main() -> None:
     ap.add_argument("--gpus-per-type", type=int, default=None, help="philly: override the fleet size")
     ap.add_argument("--full-fleet", action="store_true", help="alibaba: all listed nodes (no contention)")
     ap.add_argument("--policies", default="FIFO,FIFO+EASY,ours")
+    ap.add_argument(
+        "--restart-seconds",
+        type=float,
+        default=0.0,
+        help="each resumption after a preemption runs this long before it makes progress "
+        "(checkpoint restore, reload); 0 = free restarts, which flatters preemption",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--plot", default=None, help="write a JCT CDF per policy as PNG here (matplotlib)")
     ap.add_argument(
@@ -452,6 +467,8 @@ def main() -> None:
     known = [label for label, _ in POLICIES]
     if unknown := [label for label in args.policies.split(",") if label not in known]:
         ap.error(f"--policies: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if not args.restart_seconds >= 0:  # also NaN
+        ap.error(f"--restart-seconds must be >= 0, got {args.restart_seconds}")
     if args.from_dumps and args.plot:
         curves_from: dict[str, list[float]] = {}
         for name in args.from_dumps.split(","):
@@ -486,6 +503,8 @@ def main() -> None:
         )
     if overrides:
         print("# ours overrides:", overrides)
+    if args.restart_seconds:
+        print(f"# each restart after a preemption costs {args.restart_seconds:.0f} s of no progress")
     results: list[tuple[str, dict[str, float | str], float]] = []
     dumps: dict[str, list[list[float | str]]] = {}
     curves: dict[str, list[float]] = {}
@@ -495,7 +514,7 @@ def main() -> None:
             continue
         if label == "ours" and overrides:
             cfg = replace(cfg, **overrides)  # type: ignore[arg-type]
-        sim = Sim(trace, cfg, label)
+        sim = Sim(trace, cfg, label, restart_seconds=args.restart_seconds)
         t0 = time.process_time()
         sim.run(progress=not args.quiet)
         cpu = time.process_time() - t0

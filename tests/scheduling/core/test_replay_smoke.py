@@ -74,3 +74,25 @@ def test_seed_draws_other_wall_factors_and_a_window_keeps_the_full_traces() -> N
     a0, a1 = load_alibaba(limit=40, seed=0), load_alibaba(limit=40, seed=1)
     assert [j.wall_factor for j in a0.jobs] != [j.wall_factor for j in a1.jobs]
     assert all(1.0 <= j.wall_factor <= 3.0 for j in a1.jobs)
+
+
+def test_restart_after_preemption_costs_the_given_seconds() -> None:
+    """A batch job preempted once by a production job finishes exactly R later with a restart
+    cost of R; the preemptor is unaffected (it never resumes)."""
+    types = {"H100": GpuType("H100", 80, 3_000_000)}
+    nodes = [Node(0, "H100", 8, frozenset(range(8)), "r0", "nv0", "ib0")]
+    jobs = [
+        TraceJob(1, 0, 0, 0.0, 8, {"H100": 10_000.0}, "batch", 1.0),
+        TraceJob(2, 1, 0, 1_000.0, 8, {"H100": 1_000.0}, "production", 1.0),
+    ]
+    trace = Trace("two", jobs, ["a", "b"], types, nodes, [], {"H100": 1.0})
+    finish = {}
+    for restart in (0.0, 300.0):
+        sim = Sim(trace, Config(policy="fair"), "ours", restart_seconds=restart)
+        sim.run(progress=False)
+        assert sim.stats[1].preempted == 1 and sim.stats[2].preempted == 0
+        finish[restart] = (sim.stats[1].finish, sim.stats[2].finish)
+    # signalled at 1,000, exits after the 120 s grace with 1,120 s of progress kept
+    assert finish[0.0] == (2_120.0 + 8_880.0, 2_120.0)
+    assert finish[300.0] == (2_120.0 + 300.0 + 8_880.0, 2_120.0)
+
