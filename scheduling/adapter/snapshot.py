@@ -78,19 +78,28 @@ def epoch(value: datetime) -> float:
     return value.timestamp()
 
 
+_CORE_DEFAULTS = core.Config()
+"""Unset settings take the core's own defaults (one place to change them: `core.Config`)."""
+
+
 def scheduler_config(classes: tuple[core.PriorityClass, ...]) -> core.Config:
+    d = _CORE_DEFAULTS
     return core.Config(
         priority_classes=classes,
         fairshare_half_life_seconds=float(
-            getattr(settings, "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS", 7 * 24 * 3600)
+            getattr(settings, "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS", d.fairshare_half_life_seconds)
         ),
-        grace_seconds=float(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", 120)),
+        grace_seconds=float(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", d.grace_seconds)),
         min_runtime_before_preemption_seconds=float(
-            getattr(settings, "SCHEDULER_MIN_RUNTIME_SECONDS", 600)
+            getattr(settings, "SCHEDULER_MIN_RUNTIME_SECONDS", d.min_runtime_before_preemption_seconds)
         ),
-        preemption_exempt_growth=float(getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_GROWTH", 1.0)),
-        preemption_exempt_after=int(getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_AFTER", 0)),
-        end_time_packing=str(getattr(settings, "SCHEDULER_END_TIME_PACKING", "off")),
+        preemption_exempt_growth=float(
+            getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_GROWTH", d.preemption_exempt_growth)
+        ),
+        preemption_exempt_after=int(
+            getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_AFTER", d.preemption_exempt_after)
+        ),
+        end_time_packing=str(getattr(settings, "SCHEDULER_END_TIME_PACKING", d.end_time_packing)),
     )
 
 

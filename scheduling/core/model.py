@@ -193,14 +193,16 @@ class Config:
     """Jobs examined after the first blocked one; the rest wait with reason `priority`."""
     preemption: bool = True
     min_runtime_before_preemption_seconds: float = 600.0
-    preemption_exempt_growth: float = 1.0
-    """A job preempted k times before is exempt for min_runtime x this ** k of its new attempt:
-    > 1 stops a stream of different preemptors taking turns on one long victim (each waits only
-    the minimum runtime, so the victim could be stopped every 600 s forever). 1 = off."""
-    preemption_exempt_after: int = 0
+    preemption_exempt_growth: float = 2.0
+    """A job preempted k times before is exempt for min_runtime x this ** k of its new attempt
+    (k counted from `preemption_exempt_after`): > 1 stops a stream of different preemptors taking
+    turns on one long victim (each waits only the minimum runtime, so the victim could be stopped
+    every 600 s forever). 1 = off. Default 2 since ADR 0007."""
+    preemption_exempt_after: int = 5
     """Growth starts only after this many earlier preemptions: a job preempted k times before is
     exempt for min_runtime x growth ** max(0, k - this). Jobs preempted a few times keep the plain
-    minimum runtime; only repeatedly stopped ones get longer. 0 = grow from the first preemption."""
+    minimum runtime; only repeatedly stopped ones get longer. 0 = grow from the first preemption.
+    Default 5 since ADR 0007 (a job's first six attempts: 600 s; its 7th 20 min, its 10th 2 h 40 min)."""
     grace_seconds: float = 120.0
     max_preemption_attempts: int = 64
     """Blocked jobs per pass allowed to search for victims, bounding the pass's cost."""

@@ -111,18 +111,18 @@ def test_snapshot_carries_run_time_of_earlier_attempts(
 
 
 def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
-    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 1.0  # off
-    settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 2
-    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 2.0
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 2.0  # ADR 0007
+    settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 1  # off: the plain minimum runtime every time
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 1.0
     settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 0.5  # would undercut the minimum runtime
     with pytest.raises(ValueError, match="preemption_exempt_growth must be >= 1"):
         load_snapshot(now=timezone.now())
 
 
 def test_exempt_after_is_an_operator_setting(settings: Any) -> None:
+    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_after == 5  # ADR 0007
+    settings.SCHEDULER_PREEMPT_EXEMPT_AFTER = 0  # growth from the first preemption
     assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_after == 0
-    settings.SCHEDULER_PREEMPT_EXEMPT_AFTER = 5
-    assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_after == 5
     settings.SCHEDULER_PREEMPT_EXEMPT_AFTER = -1
     with pytest.raises(ValueError, match="preemption_exempt_after must be an int >= 0"):
         load_snapshot(now=timezone.now())

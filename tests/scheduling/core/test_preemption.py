@@ -61,7 +61,8 @@ def test_exemption_grows_with_each_earlier_preemption() -> None:
         run = _full_node(started=NOW - ran, times_preempted=times)
         res = schedule(
             snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW,
-                 min_runtime_before_preemption_seconds=600, preemption_exempt_growth=growth)
+                 min_runtime_before_preemption_seconds=600, preemption_exempt_growth=growth,
+                 preemption_exempt_after=0)
         )
         return bool(res.preemptions)
 
@@ -106,8 +107,26 @@ def test_exemption_after_must_be_a_non_negative_int() -> None:
     for bad in (-1, 1.5, math.nan):
         with pytest.raises(ValueError, match="preemption_exempt_after must be an int >= 0"):
             Config(preemption_exempt_after=bad)  # type: ignore[arg-type]
-    assert Config().preemption_exempt_after == 0
     assert Config(preemption_exempt_after=10).preemption_exempt_after == 10
+
+
+def test_default_exemption_grows_from_the_sixth_attempt() -> None:
+    """ADR 0007: growth 2 after 5 preemptions; a job stopped up to 5 times keeps the 600 s."""
+    assert (Config().preemption_exempt_growth, Config().preemption_exempt_after) == (2.0, 5)
+
+    def preempted(ran: float, times: int) -> bool:
+        run = _full_node(started=NOW - ran, times_preempted=times)
+        res = schedule(
+            snap([node(1)], [job(1, gpus=8, cls="production")], run, now=NOW,
+                 min_runtime_before_preemption_seconds=600)
+        )
+        return bool(res.preemptions)
+
+    assert preempted(700, times=5)  # 5 earlier preemptions: still the minimum runtime
+    assert not preempted(1100, times=6)  # 600 x 2
+    assert preempted(1300, times=6)
+    assert not preempted(19_100, times=10)  # 600 x 2 ** 5 = 5 h 20 min
+    assert preempted(19_300, times=10)
 
 
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
