@@ -317,6 +317,49 @@ def plot_cdf(path: Path, title: str, curves: dict[str, list[float]]) -> None:
     plt.close(fig)
 
 
+def plot_preemptions(path: Path, title: str, counts: dict[str, list[int]]) -> None:
+    """Jobs preempted at least k times, against k (both log), one line per policy that preempts:
+    a storm shows as a long tail to the right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, per_job in counts.items():
+        hit = sorted((k for k in per_job if k > 0), reverse=True)
+        if not hit:
+            continue  # FIFO, FIFO+EASY: nothing to draw
+        ks = sorted(set(hit))
+        at_least = [sum(1 for k in hit if k >= x) for x in ks]
+        ax.step(ks, at_least, where="post", label=f"{label} ({sum(hit):,} in all, at most {hit[0]})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("preemptions of one job, k (log scale)")
+    ax.set_ylabel("jobs preempted at least k times")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _from_dumps(names: list[str]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """JCT curves (h, sorted) and per-job preemption counts of every policy in earlier --dump
+    files; a label seen in an earlier file gets the file's name, so two runs of `ours` both show."""
+    curves: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
+    for name in names:
+        for label, rows in json.loads(Path(name).read_text())["policies"].items():
+            key = f"{label} ({Path(name).stem})" if label in curves else label
+            # rows: [id, team, gpus, arrival, first_start, finish, ..., preemptions, class] (_outcomes)
+            curves[key] = sorted((float(r[5]) - float(r[3])) / 3600 for r in rows if float(r[5]) >= 0)
+            counts[key] = [int(r[8]) for r in rows]
+    return curves, counts
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -453,7 +496,13 @@ def main() -> None:
         "--from-dumps",
         default=None,
         metavar="A.json,B.json",
-        help="with --plot: draw the CDF from earlier --dump files (split runs) instead of simulating",
+        help="with --plot / --plot-preemptions: draw from earlier --dump files (split runs) "
+        "instead of simulating",
+    )
+    ap.add_argument(
+        "--plot-preemptions",
+        default=None,
+        help="write jobs preempted at least k times against k, per policy, as PNG here",
     )
     ap.add_argument("--dump", default=None, help="write per-job outcomes of every policy as JSON here")
     ap.add_argument(
@@ -469,16 +518,13 @@ def main() -> None:
         ap.error(f"--policies: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if not args.restart_seconds >= 0:  # also NaN
         ap.error(f"--restart-seconds must be >= 0, got {args.restart_seconds}")
-    if args.from_dumps and args.plot:
-        curves_from: dict[str, list[float]] = {}
-        for name in args.from_dumps.split(","):
-            for label, rows in json.loads(Path(name).read_text())["policies"].items():
-                # rows: [id, team, gpus, arrival, first_start, finish, ...] (see _outcomes)
-                curves_from[label] = sorted(
-                    (float(r[5]) - float(r[3])) / 3600 for r in rows if float(r[5]) >= 0
-                )
-        n_jobs = max(len(v) for v in curves_from.values())
-        plot_cdf(Path(args.plot), f"{args.trace}: {n_jobs:,} jobs", curves_from)
+    if args.from_dumps and (args.plot or args.plot_preemptions):
+        curves_from, counts_from = _from_dumps(args.from_dumps.split(","))
+        n_jobs = max(len(v) for v in counts_from.values())
+        if args.plot:
+            plot_cdf(Path(args.plot), f"{args.trace}: {n_jobs:,} jobs", curves_from)
+        if args.plot_preemptions:
+            plot_preemptions(Path(args.plot_preemptions), f"{args.trace}: {n_jobs:,} jobs", counts_from)
         return
     if args.trace == "philly":
         trace = load_philly(
@@ -508,6 +554,7 @@ def main() -> None:
     results: list[tuple[str, dict[str, float | str], float]] = []
     dumps: dict[str, list[list[float | str]]] = {}
     curves: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
     title = f"{trace.name}: {len(trace.jobs):,} jobs, {sum(n.gpu_count for n in trace.nodes)} GPUs"
     for label, cfg in POLICIES:
         if label not in wanted:
@@ -526,6 +573,7 @@ def main() -> None:
         curves[label] = sorted(
             (st.finish - j.arrival) / 3600 for j in trace.jobs if (st := sim.stats[j.id]).finish is not None
         )
+        counts[label] = [sim.stats[j.id].preempted for j in trace.jobs]
         # Long runs: each policy's headline numbers as soon as it is done.
         print(
             f"  [{label}] avg JCT {float(m['avg_jct_h']):.2f} h, queue {float(m['avg_queue_h']):.2f} h, "
@@ -536,6 +584,8 @@ def main() -> None:
         )
     if args.plot:
         plot_cdf(Path(args.plot), title, curves)
+    if args.plot_preemptions:
+        plot_preemptions(Path(args.plot_preemptions), title, counts)
     if args.dump:
         Path(args.dump).write_text(json.dumps({"trace": trace.name, "policies": dumps}))
     rows = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from scheduling.core import Config, GpuType, Node
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 from _traces import Trace, TraceJob, load_alibaba, load_philly
-from replay import Sim, jain, metrics
+from replay import Sim, _from_dumps, _outcomes, jain, metrics, plot_preemptions
 
 
 def _tiny_trace(n_jobs: int = 120, seed: int = 3) -> Trace:
@@ -96,3 +97,23 @@ def test_restart_after_preemption_costs_the_given_seconds() -> None:
     assert finish[0.0] == (2_120.0 + 8_880.0, 2_120.0)
     assert finish[300.0] == (2_120.0 + 300.0 + 8_880.0, 2_120.0)
 
+
+
+def test_dumps_of_two_runs_of_one_policy_both_plot(tmp_path: Path) -> None:
+    """Split runs: the second file's `ours` is kept under the file's name, with its preemptions."""
+    trace = _tiny_trace()
+    sims = {}
+    for name, growth in (("old-rule", 1.0), ("default", 2.0)):
+        sim = Sim(trace, Config(policy="fair", preemption_exempt_growth=growth), "ours")
+        sim.run(progress=False)
+        sims[name] = sim
+        dump = {"trace": "tiny", "policies": {"ours": _outcomes(sim)}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(dump))
+    curves, counts = _from_dumps([str(tmp_path / "old-rule.json"), str(tmp_path / "default.json")])
+    assert list(counts) == ["ours", "ours (default)"]
+    assert counts["ours"] == [sims["old-rule"].stats[j.id].preempted for j in trace.jobs]
+    assert sum(counts["ours (default)"]) == sims["default"].preemptions
+    assert len(curves["ours"]) == len(trace.jobs)
+    assert sum(counts["ours"]) > 0  # the tiny trace preempts, so there is a line to draw
+    plot_preemptions(tmp_path / "p.png", "tiny", counts)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
