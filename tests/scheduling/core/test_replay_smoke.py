@@ -7,10 +7,13 @@ import random
 import sys
 from pathlib import Path
 
+import pytest
+
 from scheduling.core import Config, GpuType, Node
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
+import _traces
 from _traces import Trace, TraceJob, load_alibaba, load_philly
 from replay import Sim, _from_dumps, _outcomes, jain, metrics, plot_preemptions
 
@@ -59,22 +62,54 @@ def test_jain_index() -> None:
     assert abs(jain([1.0, 0.0, 0.0, 0.0]) - 0.25) < 1e-12
 
 
-def test_seed_draws_other_wall_factors_and_a_window_keeps_the_full_traces() -> None:
+def _write_tiny_trace_files(root: Path, n_jobs: int = 40) -> None:
+    """Both traces' file formats, a few dozen rows each (the real ones live outside the repo)."""
+    philly = root / "philly-gavel"
+    (philly / "seed0").mkdir(parents=True)
+    speeds = (("k80", 1.0), ("p100", 2.0), ("v100", 4.0))
+    table = {gpu: {"('J', 1)": {"null": speed}} for gpu, speed in speeds}
+    (philly / "simulation_throughputs.json").write_text(json.dumps(table))
+    for vc in ("aaa", "bbb"):
+        # name, command, flag, -, steps, arrival, gang size (tab-separated, as Gavel writes them)
+        rows = [
+            f"J\tcmd\t-step\t1\t{1000 + 37 * k}\t{60.0 * k + (vc == 'bbb')}\t1" for k in range(n_jobs // 2)
+        ]
+        (philly / "seed0" / f"{vc}.trace").write_text("\n".join(rows) + "\n")
+    alibaba = root / "alibaba-openb"
+    alibaba.mkdir()
+    (alibaba / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,8,V100M32\nn1,64000,262144,8,T4\n"
+    )
+    head = (
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+        "creation_time,deletion_time,scheduled_time"
+    )
+    pods = [f"p{k},1000,1024,1,1000,,LS,Running,{60 * k},{60 * k + 900},{60 * k}" for k in range(n_jobs)]
+    (alibaba / "openb_pod_list_gpuspec33.csv").write_text("\n".join([head, *pods]) + "\n")
+
+
+def test_seed_draws_other_wall_factors_and_a_window_keeps_the_full_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`--seed` changes only the requested walls (duration x U(1, 3)); a `--skip` window draws
     the same factor per trace row as the full trace, whatever the seed."""
-    first = load_philly(limit=40, seed=0)
-    again = load_philly(limit=40, seed=0)
-    other = load_philly(limit=40, seed=1)
+    _write_tiny_trace_files(tmp_path)
+    monkeypatch.setattr(_traces, "TRACES", tmp_path)
+    first = load_philly(seed=0)
+    again = load_philly(seed=0)
+    other = load_philly(seed=1)
+    assert len(first.jobs) == 40
     assert [j.wall_factor for j in first.jobs] == [j.wall_factor for j in again.jobs]
     assert [j.wall_factor for j in first.jobs] != [j.wall_factor for j in other.jobs]
     assert [(j.arrival, j.gpu_count, j.duration) for j in first.jobs] == [
         (j.arrival, j.gpu_count, j.duration) for j in other.jobs
     ]
-    window = load_philly(skip=10, limit=30, seed=1)
-    assert [j.wall_factor for j in window.jobs] == [j.wall_factor for j in other.jobs[10:]]
-    a0, a1 = load_alibaba(limit=40, seed=0), load_alibaba(limit=40, seed=1)
+    window = load_philly(skip=10, limit=20, seed=1)
+    assert [j.wall_factor for j in window.jobs] == [j.wall_factor for j in other.jobs[10:30]]
+    a0, a1 = load_alibaba(seed=0), load_alibaba(seed=1)
+    assert len(a0.jobs) == 40
     assert [j.wall_factor for j in a0.jobs] != [j.wall_factor for j in a1.jobs]
-    assert all(1.0 <= j.wall_factor <= 3.0 for j in a1.jobs)
+    assert all(1.0 <= j.wall_factor <= 3.0 for j in a0.jobs + a1.jobs)
 
 
 def test_restart_after_preemption_costs_the_given_seconds() -> None:
