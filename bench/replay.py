@@ -22,8 +22,11 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -289,61 +292,56 @@ def _outcomes(sim: Sim) -> list[list[float | str]]:
     return out
 
 
-def plot_cdf(path: Path, title: str, curves: dict[str, list[float]]) -> None:
-    """JCT CDF per policy (log hours), one line each; matplotlib only needed for --plot."""
+@contextmanager
+def _chart(path: Path, title: str, xlabel: str, ylabel: str, legend: str) -> Iterator[Any]:
+    """One log-x step chart written as PNG to `path`; yields the axes to draw on (matplotlib is
+    only needed when a chart is asked for)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for label, xs in curves.items():
-        n = len(xs)
-        ax.step(
-            xs,
-            [(i + 1) / n for i in range(n)],
-            where="post",
-            label=f"{label} (avg {statistics.fmean(xs):.0f} h)",
-        )
+    yield ax
     ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc=legend)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_cdf(path: Path, title: str, curves: dict[str, list[float]]) -> None:
+    """JCT CDF per policy (log hours), one line each."""
+    xlabel = "job completion time (hours, log scale)"
+    with _chart(path, title, xlabel, "fraction of jobs", "lower right") as ax:
+        for label, xs in curves.items():
+            n = len(xs)
+            ax.step(
+                xs,
+                [(i + 1) / n for i in range(n)],
+                where="post",
+                label=f"{label} (avg {statistics.fmean(xs):.0f} h)",
+            )
 
 
 def plot_preemptions(path: Path, title: str, counts: dict[str, list[int]]) -> None:
     """Jobs preempted at least k times, against k (both log), one line per policy that preempts:
     a storm shows as a long tail to the right."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for label, per_job in counts.items():
-        hit = sorted((k for k in per_job if k > 0), reverse=True)
-        if not hit:
-            continue  # FIFO, FIFO+EASY: nothing to draw
-        ks = sorted(set(hit))
-        at_least = [sum(1 for k in hit if k >= x) for x in ks]
-        ax.step(ks, at_least, where="post", label=f"{label} ({sum(hit):,} in all, at most {hit[0]})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("preemptions of one job, k (log scale)")
-    ax.set_ylabel("jobs preempted at least k times")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    xlabel, ylabel = "preemptions of one job, k (log scale)", "jobs preempted at least k times"
+    with _chart(path, title, xlabel, ylabel, "upper right") as ax:
+        ax.set_yscale("log")
+        for label, per_job in counts.items():
+            hit = sorted((k for k in per_job if k > 0), reverse=True)
+            if not hit:
+                continue  # FIFO, FIFO+EASY: nothing to draw
+            ks = sorted(set(hit))
+            at_least = [sum(1 for k in hit if k >= x) for x in ks]
+            ax.step(ks, at_least, where="post", label=f"{label} ({sum(hit):,} in all, at most {hit[0]})")
 
 
 def _from_dumps(names: list[str]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
