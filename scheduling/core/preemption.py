@@ -50,17 +50,21 @@ class VictimIndex:
         self.now = now
         # Failed single-node searches per (gpu type, regions): (rank, g, min_left, priority).
         self._failed: dict[tuple[str, tuple[str, ...]], list[tuple[int, int, float, float]]] = {}
+        # Per GPU type and victim rank: the earliest end of an exemption (minimum runtime, grown),
+        # i.e. when a job of that rank still too young to preempt becomes a candidate.
+        self._exempt_end: dict[str, dict[int, float]] = defaultdict(dict)
         for job in running:
             on_ready = all(n in state.node for n, _ in job.allocations)
             if not on_ready:
                 continue  # its GPUs would not be reusable anyway
             signalled = job.preemption_requested_at is not None
             grown = max(0, job.times_preempted - exempt_after)  # growth starts after `exempt_after`
-            eligible = (
-                job.preemptible
-                and preemptible_class(job.priority_class)
-                and now - job.started_at >= min_runtime * exempt_growth**grown
-            )
+            could = job.preemptible and preemptible_class(job.priority_class)
+            exempt = min_runtime * exempt_growth**grown
+            eligible = could and now - job.started_at >= exempt
+            if could and not signalled and not eligible:
+                ends, r = self._exempt_end[job.gpu_type], rank_of(job.priority_class)
+                ends[r] = min(ends.get(r, job.started_at + exempt), job.started_at + exempt)
             if not (signalled or eligible):
                 continue
             self.rank[job.id] = rank_of(job.priority_class)
@@ -83,6 +87,12 @@ class VictimIndex:
                     if m == node_id:
                         counts[job.id] += len(idx)
             self.gpus_on[node_id] = counts
+
+    def exempt_until(self, types: list[str], rank: int) -> float | None:
+        """When the first job of a lower rank than `rank` on one of `types` stops being exempt
+        from preemption (None: no such job); shown to a blocked job that found no victims."""
+        ends = [end for t in types for r, end in self._exempt_end.get(t, {}).items() if r < rank]
+        return min(ends) if ends else None
 
     def requeue_priority(self, job: RunningJob) -> float:
         hit = self.prio.get(job.id)

@@ -230,10 +230,11 @@ class _Pass:
         self.note_waiting(job, fastest, walls)
         if can_preempt and self.try_preempt(job, types, walls):
             return None
+        exempt = self._exempt_note(job, types) if can_preempt else ""
         for t in types:
             holder = self.reserved_holder(job, t)
             if holder is not None:
-                detail = f"fits on {t} only by delaying job {holder}"
+                detail = f"fits on {t} only by delaying job {holder}{exempt}"
                 return self._skip_shape(job, shape, types, walls, reasons.reserved_for(holder), detail)
         first_block = self.blocked_by is None
         if first_block:
@@ -242,11 +243,23 @@ class _Pass:
             res = self.reserve(job, types)
             if res is not None:
                 return self.skip(
-                    job, reasons.RESOURCES, f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}"
+                    job,
+                    reasons.RESOURCES,
+                    f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}{exempt}",
                 )
-            detail = "does not fit the ready fleet even when idle"
+            detail = f"does not fit the ready fleet even when idle{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
-        return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, _NO_FREE_GANG)
+        return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, _NO_FREE_GANG + exempt)
+
+    def _exempt_note(self, job: PendingJob, types: list[str]) -> str:
+        """For a job that may preempt but found no victims: when the first lower-class job on its
+        types stops being exempt (minimum runtime, grown for jobs preempted many times)."""
+        if self.victims is None:
+            return ""
+        until = self.victims.exempt_until(types, self.cls(job.priority_class).rank)
+        if until is None:
+            return ""
+        return f"; lower-class jobs there are exempt from preemption until {until:.0f}"
 
     def _skip_shape(
         self,

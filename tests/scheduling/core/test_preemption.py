@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core import Config, schedule
+from scheduling.core import Config, Result, Skip, schedule
 from scheduling.core import reasons as R
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -299,3 +299,33 @@ def test_victim_priority_uses_the_wall_it_will_queue_with() -> None:
     # The first *acceptable* type, as the queue decides it: a memory floor above the T4's 16 GB
     # leaves H100 first, whose wall is the long one again.
     assert preempted(replace(queued, gpu_memory_gb=40)) == [50]
+
+
+def _wait_detail(res: Result, job_id: int) -> str:
+    (skip,) = [d for d in res.decisions if isinstance(d, Skip) and d.job_id == job_id]
+    return skip.detail
+
+
+def test_a_blocked_preemptor_is_told_when_its_victims_stop_being_exempt() -> None:
+    """The wait detail names the end of the exemption: plain minimum runtime, or grown after the
+    victim's 5th preemption (600 s x 2 ** (7 - 5) for a job preempted 7 times)."""
+    young = _full_node(started=NOW - 100)
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], young, now=NOW))
+    assert res.preemptions == [] and res.wait_reasons[1] == R.RESOURCES
+    assert _wait_detail(res, 1).endswith(f"exempt from preemption until {NOW - 100 + 600:.0f}")
+
+    stopped_often = _full_node(started=NOW - 1000, times_preempted=7)
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], stopped_often, now=NOW))
+    assert res.preemptions == []
+    assert _wait_detail(res, 1).endswith(f"exempt from preemption until {NOW - 1000 + 2400:.0f}")
+
+
+def test_no_exemption_note_when_nothing_lower_could_be_preempted() -> None:
+    # The runner is of the same class (not a candidate at any age) and the waiting batch job may
+    # not preempt at all: neither detail mentions an exemption.
+    same_class = _full_node(cls="production", started=NOW - 100)
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], same_class, now=NOW))
+    assert res.wait_reasons[1] == R.RESOURCES and "exempt" not in _wait_detail(res, 1)
+    young_batch = _full_node(started=NOW - 100)
+    res = schedule(snap([node(1)], [job(2, gpus=8, cls="interactive")], young_batch, now=NOW))
+    assert res.preemptions == [] and "exempt" not in _wait_detail(res, 2)
