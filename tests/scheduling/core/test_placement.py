@@ -160,24 +160,23 @@ def _two_half_busy_nodes(first_wall: float, second_wall: float) -> tuple[list, l
     return nodes, run
 
 
-def test_end_time_packing_places_long_job_beside_long_jobs() -> None:
-    nodes, run = _two_half_busy_nodes(1 * H, 100 * H)  # node 1 drains soon, node 2 runs 100 h
-    long_job = [job(1, wall=90 * H)]
+@pytest.mark.parametrize(
+    ("first_ends", "second_ends", "wall"),
+    [
+        pytest.param(1 * H, 100 * H, 90 * H, id="long-job-beside-long-jobs"),  # node 1 drains soon
+        pytest.param(100 * H, 1 * H, 1 * H, id="short-job-beside-short-jobs"),  # node 2 drains soon
+    ],
+)
+def test_end_time_packing_places_job_beside_jobs_ending_alike(
+    first_ends: float, second_ends: float, wall: float
+) -> None:
+    nodes, run = _two_half_busy_nodes(first_ends, second_ends)
+    pending = [job(1, wall=wall)]
     # Off: plain tightest fit, equal free counts, first node.
-    (p,) = schedule(snap(nodes, long_job, run, now=NOW)).placements
+    (p,) = schedule(snap(nodes, pending, run, now=NOW)).placements
     assert p.allocations[0][0] == 1
     for mode in ("tightest", "partial"):
-        (p,) = schedule(snap(nodes, long_job, run, now=NOW, end_time_packing=mode)).placements
-        assert p.allocations[0][0] == 2, mode
-
-
-def test_end_time_packing_places_short_job_beside_short_jobs() -> None:
-    nodes, run = _two_half_busy_nodes(100 * H, 1 * H)  # node 1 runs 100 h, node 2 drains soon
-    short_job = [job(1, wall=1 * H)]
-    (p,) = schedule(snap(nodes, short_job, run, now=NOW)).placements
-    assert p.allocations[0][0] == 1
-    for mode in ("tightest", "partial"):
-        (p,) = schedule(snap(nodes, short_job, run, now=NOW, end_time_packing=mode)).placements
+        (p,) = schedule(snap(nodes, pending, run, now=NOW, end_time_packing=mode)).placements
         assert p.allocations[0][0] == 2, mode
 
 
