@@ -61,6 +61,7 @@ class PendingRow:
     wait_reason: str
     wait_detail: str
     gpu_types: tuple[str, ...] = ()
+    hold_remaining: int = 0  # what the current hold still holds (authorized - captured - released)
 
 
 @dataclass(slots=True)
@@ -280,14 +281,16 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "id", "org_id", "project_id", "user_id", "priority_class__name", "gpu_count",
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
-            "org__hold_window_seconds",
+            "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
+            "current_hold__released",
         )
         .order_by("submitted_at", "id")
     )
     before = earlier_attempts(row[0] for row in queued if row[14] > 0)  # attempt_count
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
-         regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window) = row
+         regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
+         released) = row
         jobs.append(
             core.PendingJob(
                 id=job_id,
@@ -308,7 +311,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
         )
         rows[job_id] = PendingRow(
             org_id, project_id, user_id, hold_id, attempts, gpus, wall, window, wait_reason, wait_detail,
-            tuple(types or ()),
+            tuple(types or ()), (authorized or 0) - (captured or 0) - (released or 0),
         )
     return tuple(jobs), rows
 

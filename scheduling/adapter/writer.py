@@ -3,7 +3,8 @@
 Place -> JobAttempt (rate fixed at the placed type's current price, on the job's current hold),
 Allocation rows (the partial unique index forbids a GPU twice: a job whose GPUs were taken meanwhile
 is skipped this pass), an AttemptUsage row, job queued -> scheduled, and the hold's excess released
-when the placed type is cheaper than the hold assumed. Preempt -> `lifecycle.request_stop` with the
+when the placed type is cheaper than the hold assumed (or, when it is dearer, the hold topped up
+first: `repricing`). Preempt -> `lifecycle.request_stop` with the
 core's grace. Skip -> the job's wait reason, updated (and audited) only when it changed.
 """
 
@@ -21,9 +22,9 @@ from audit.models import AuditEvent
 from audit.services import NewEvent, record_many
 from config.errors import DomainError
 from ledger.models import Hold
-from metering.cost import cost
 from metering.models import AttemptUsage
 from scheduling import core
+from scheduling.adapter.repricing import placed_cost, top_up_dearer
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
 from scheduling.services.lifecycle import can_transition, request_stop_many
@@ -132,7 +133,8 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
         .values_list("id", "attempt_count")
     }
     applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
-    done, conflicts = _insert_placements([p for p in places if p.job_id in numbers], loaded, numbers)
+    funded = top_up_dearer(loaded, [p for p in places if p.job_id in numbers], events)
+    done, conflicts = _insert_placements(funded, loaded, numbers)
     applied.conflicts.extend(conflicts)
     if not done:
         return
@@ -167,10 +169,7 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
 
 
 def _excess(hold: Hold, attempt: JobAttempt, row: PendingRow) -> int:
-    seconds = row.max_wall_seconds
-    if row.hold_window_seconds:
-        seconds = min(seconds, row.hold_window_seconds)
-    return hold.remaining - cost(attempt.gpu_count * seconds * 1000, attempt.rate_per_gpu_hour)
+    return hold.remaining - placed_cost(row, attempt.gpu_count, attempt.rate_per_gpu_hour)
 
 
 def _release_excess_many(cheaper: list[tuple[int, JobAttempt, PendingRow]]) -> int:

@@ -1,0 +1,116 @@
+"""A placement on a type dearer than the job's hold was priced for: top the hold up first.
+
+A hold is priced at submission (or requeue) at the dearest acceptable type's price then. If a price
+rises before the job is placed, the run's rate (the placed type's current price, fixed for the run)
+is more than the hold covers. Placing it anyway would bill usage the hold cannot capture: a short
+run could end before the periodic charge extends the hold, and the settlement would write the rest
+off as unfunded. So before such a placement the hold is extended by the difference for the hold's
+window, with every budget level checked, in a savepoint. If that is refused the job is not placed:
+it waits with reason `budget` and a detail that says why, and is offered to the scheduler again
+after `SCHEDULER_FUNDING_RETRY_SECONDS` (its GPUs stay free for others meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import transaction
+
+from audit.models import AuditEvent
+from audit.services import NewEvent
+from config.errors import DomainError
+from metering.cost import cost
+from scheduling import core
+from scheduling.core import reasons
+from scheduling.models import Job, JobState
+
+if TYPE_CHECKING:
+    from scheduling.adapter.snapshot import Loaded, PendingRow
+
+log = logging.getLogger("scheduling.adapter")
+
+
+def placed_cost(row: PendingRow, gpus: int, rate: int) -> int:
+    """Cost of the hold's window (max wall time, or the org's shorter hold window) at `rate`."""
+    seconds = row.max_wall_seconds
+    if row.hold_window_seconds:
+        seconds = min(seconds, row.hold_window_seconds)
+    return cost(gpus * seconds * 1000, rate)
+
+
+def _gpus(place: core.Place) -> int:
+    return sum(len(idx) for _, idx in place.allocations)
+
+
+def top_up_dearer(loaded: Loaded, places: list[core.Place], events: list[NewEvent]) -> list[core.Place]:
+    """Extend the holds of placements that cost more than their hold holds; returns the places to
+    make (the refused ones are dropped and their jobs told why). The caller holds the jobs' locks
+    (lock order: job -> hold -> budgets -> buckets)."""
+    dearer = [
+        p for p in places
+        if placed_cost(loaded.pending[p.job_id], _gpus(p), p.rate_micro_per_gpu_hour)
+        > loaded.pending[p.job_id].hold_remaining
+    ]
+    if not dearer:
+        return places
+    refused: set[int] = set()
+    for place in dearer:
+        row = loaded.pending[place.job_id]
+        detail = _top_up(place, row, events)
+        if detail:
+            refused.add(place.job_id)
+            _wait_for_funds(loaded, place, row, detail, events)
+    return [p for p in places if p.job_id not in refused]
+
+
+def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
+    """Extend the hold by what the placed rate needs beyond what it holds; "" or the refusal."""
+    from budgets.services import record_extension
+    from ledger.locks import lock_hold
+    from ledger.models import HoldState
+    from ledger.services import extend_hold
+
+    assert row.hold_id is not None  # the writer only places jobs that have a hold
+    hold = lock_hold(row.hold_id)
+    need = placed_cost(row, _gpus(place), place.rate_micro_per_gpu_hour) - hold.remaining
+    if need <= 0:
+        return ""  # the snapshot's figure was stale: the hold covers the run after all
+    if hold.state != HoldState.ACTIVE:
+        return f"hold {hold.pk} is {hold.state}"
+    key = f"job:{place.job_id}:attempt:{row.attempt_count + 1}:reprice:{hold.authorized}"
+    try:
+        with transaction.atomic():  # a refusal must leave the pass's transaction usable
+            record_extension(hold=hold, amount=need)
+            extend_hold(hold=hold, amount=need, key=key)
+    except DomainError as refusal:
+        return f"topping the hold up by {need} was refused: {refusal.detail}"
+    Job.objects.filter(pk=place.job_id).update(estimate=hold.authorized + need)
+    events.append(NewEvent(
+        actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.hold.top_up", subject_type="job",
+        subject_id=place.job_id, org_id=row.org_id, reason_code="price-rose",
+        data={"hold": hold.pk, "amount": need, "gpu_type": place.gpu_type,
+              "rate": place.rate_micro_per_gpu_hour},
+    ))
+    return ""
+
+
+def _wait_for_funds(
+    loaded: Loaded, place: core.Place, row: PendingRow, refusal: str, events: list[NewEvent]
+) -> None:
+    retry = loaded.now + timedelta(seconds=getattr(settings, "SCHEDULER_FUNDING_RETRY_SECONDS", 60))
+    detail = (
+        f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "
+        f"was priced at; {refusal}"
+    )[:255]
+    log.info("job %s not placed: %s", place.job_id, detail)
+    Job.objects.filter(pk=place.job_id, state=JobState.QUEUED).update(
+        wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry
+    )
+    events.append(NewEvent(
+        actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.skip", subject_type="job",
+        subject_id=place.job_id, org_id=row.org_id, reason_code=reasons.BUDGET,
+        data={"detail": detail, "previous": row.wait_reason},
+    ))

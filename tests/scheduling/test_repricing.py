@@ -1,0 +1,100 @@
+"""A price rise between a job's hold and its placement: the hold is topped up first, or the job
+waits for funds (reason `budget`) and nothing is placed on credit the hold does not hold."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from audit.models import AuditEvent
+from budgets.services import set_budget
+from config.clock import db_now
+from ledger.models import Hold
+from ledger.services import place_hold
+from ledger.verification import verify_ledger
+from scheduling.models import Allocation, GpuPrice, Job, JobAttempt, JobState
+from scheduling.services.tick import run_scheduling_pass
+from tests.factories import fund
+from tests.scheduling.conftest import H100_PRICE
+
+pytestmark = pytest.mark.django_db
+
+MICRO = 1_000_000
+NEW_PRICE = 3 * H100_PRICE
+
+
+def _job_held_at_the_old_price(tenant: dict[str, Any], make_job: Callable[..., Job]) -> tuple[Job, Hold]:
+    """A queued 2 x H100 job for 1 h whose hold was priced before H100 tripled in price."""
+    hold = place_hold(org=tenant["org"], amount=2 * H100_PRICE, key="held", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    job = make_job(JobState.QUEUED, current_hold=hold, estimate=hold.authorized, gpu_types=["H100"],
+                   gpu_count=2, max_wall_seconds=3600)
+    return job, hold
+
+
+def _raise_h100(fleet: dict[str, Any]) -> None:
+    # The DB clock is the test transaction's start: a price from just before it is in effect.
+    GpuPrice.objects.create(gpu_type=fleet["h100"], price_per_gpu_hour=NEW_PRICE,
+                            effective_from=db_now() - timedelta(seconds=1))
+
+
+def test_a_dearer_placement_tops_the_hold_up_before_it_runs(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    fund(tenant["org"], 100 * MICRO)
+    job, hold = _job_held_at_the_old_price(tenant, make_job)
+    _raise_h100(fleet)
+
+    run_scheduling_pass(trigger="test")
+
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.rate_per_gpu_hour == NEW_PRICE
+    hold.refresh_from_db()
+    # The hold now covers the run at the rate it is billed at: nothing can end up unfunded.
+    assert (hold.authorized, hold.remaining) == (2 * NEW_PRICE, 2 * NEW_PRICE)
+    job.refresh_from_db()
+    assert (job.state, job.estimate) == (JobState.SCHEDULED, 2 * NEW_PRICE)
+    event = AuditEvent.objects.get(action="sched.hold.top_up", subject_id=str(job.pk))
+    assert event.data["amount"] == 2 * (NEW_PRICE - H100_PRICE) and event.data["rate"] == NEW_PRICE
+    assert verify_ledger() == []
+
+
+@pytest.mark.parametrize("refusal", ["credits", "budget"])
+def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
+    refusal: str, fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    if refusal == "credits":
+        fund(tenant["org"], 2 * H100_PRICE)  # exactly the old hold: nothing left to top up with
+    else:
+        fund(tenant["org"], 100 * MICRO)
+    job, hold = _job_held_at_the_old_price(tenant, make_job)
+    if refusal == "budget":
+        set_budget(org=tenant["org"], period="month", limit=H100_PRICE, enforcement="hard")
+    _raise_h100(fleet)
+
+    run_scheduling_pass(trigger="test")
+
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.wait_reason == "budget"
+    assert job.wait_detail.startswith("H100 now costs 9000000 per GPU-hour, more than the hold was priced")
+    assert "refused" in job.wait_detail and job.not_before is not None
+    assert not JobAttempt.objects.filter(job=job).exists()
+    assert not Allocation.objects.exists()  # its GPUs were left for others
+    hold.refresh_from_db()
+    assert (hold.state, hold.authorized) == ("active", 2 * H100_PRICE)  # unchanged, still held
+    skipped = AuditEvent.objects.filter(action="sched.skip", subject_id=str(job.pk), reason_code="budget")
+    assert skipped.exists()
+    assert verify_ledger() == []
+
+    # Funds arrive; once its retry time has passed the job is placed at the new price.
+    fund(tenant["org"], 100 * MICRO)
+    if refusal == "budget":
+        set_budget(org=tenant["org"], period="month", limit=100 * MICRO, enforcement="hard")
+    Job.objects.filter(pk=job.pk).update(not_before=db_now() - timedelta(seconds=1))
+    run_scheduling_pass(trigger="test")
+    attempt = JobAttempt.objects.get(job=job)
+    hold.refresh_from_db()
+    assert attempt.rate_per_gpu_hour == NEW_PRICE and hold.remaining == 2 * NEW_PRICE
