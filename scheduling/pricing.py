@@ -3,10 +3,11 @@
 `cost(gpu_ms, rate) = ceil(gpu_ms * rate / 3_600_000)` — a rate is micro-credits per GPU-hour.
 
 The submission path reads the fleet catalog (GPU types, their price histories, priority classes,
-regions) from a per-process snapshot (`catalog()`), refreshed every `CATALOG_CACHE_SECONDS` and
-dropped at once when this process saves or deletes one of those rows. Other processes see a change
-within the TTL. The snapshot holds whole price histories, so "the price in effect at `at`" is still
-decided against the transaction's clock: a price scheduled for later takes effect exactly on time.
+regions, the nodes' shapes and the quotas) from a per-process snapshot (`catalog()`), refreshed
+every `CATALOG_CACHE_SECONDS` and dropped at once when this process saves or deletes one of those
+rows. Other processes see a change within the TTL. The snapshot holds whole price histories, so
+"the price in effect at `at`" is still decided against the transaction's clock: a price scheduled
+for later takes effect exactly on time.
 """
 
 import bisect
@@ -23,7 +24,10 @@ from django.db.models.signals import post_delete, post_save
 from accounts.models import Region
 from config.clock import db_now
 from config.errors import DomainError
-from scheduling.models import GpuPrice, GpuType, PriorityClass
+from scheduling import core
+from scheduling.core.feasibility import idle_fleet
+from scheduling.core.placement import FleetState
+from scheduling.models import GpuPrice, GpuType, Node, PriorityClass, Quota
 
 MS_PER_HOUR = 3_600_000
 
@@ -68,6 +72,10 @@ class Catalog:
     prices: dict[str, tuple[tuple[datetime, ...], tuple[int, ...]]]
     priority_classes: dict[str, PriorityInfo]
     regions: frozenset[str]
+    # What could ever run: every registered node as if ready and idle, and the quotas (submissions
+    # that never could are refused: `scheduling.services.reservation.check_can_ever_run`).
+    fleet: FleetState
+    quotas: core.Quotas
 
     def price_at(self, name: str, at: datetime) -> int | None:
         span = self.price_span(name, at)
@@ -109,7 +117,21 @@ def _load() -> Catalog:
             for pk, name, preemptible in PriorityClass.objects.values_list("pk", "name", "preemptible")
         },
         regions=frozenset(Region.objects.values_list("code", flat=True)),
+        fleet=idle_fleet(
+            core.Node(id=pk, gpu_type=name, gpu_count=count, free_gpu_indices=frozenset(), region=region,
+                      nvlink_domain=nvlink, ib_group=ib)
+            for pk, name, count, region, nvlink, ib in Node.objects.values_list(
+                "pk", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group"
+            )
+        ),
+        quotas=_load_quotas(),
     )
+
+
+def _load_quotas() -> core.Quotas:
+    from scheduling.adapter.snapshot import load_quotas  # the scheduler's own reading of them
+
+    return load_quotas()
 
 
 def catalog(*, fresh: bool = False) -> Catalog:
@@ -146,7 +168,7 @@ def clear_catalog_cache(**_kwargs: Any) -> None:
         _snapshot = None
 
 
-for _model in (GpuType, GpuPrice, PriorityClass, Region):
+for _model in (GpuType, GpuPrice, PriorityClass, Region, Node, Quota):
     post_save.connect(clear_catalog_cache, sender=_model, weak=False,
                       dispatch_uid=f"catalog-save-{_model.__name__}")
     post_delete.connect(clear_catalog_cache, sender=_model, weak=False,

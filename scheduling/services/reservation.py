@@ -9,8 +9,9 @@ from config.clock import db_now
 from config.errors import DomainError
 from ledger.models import Hold
 from ledger.services import CallerEvent, place_hold
+from scheduling.core.feasibility import Never, why_never_fits, why_over_quota
 from scheduling.models import Job
-from scheduling.pricing import Catalog, catalog_knowing, hold_amount
+from scheduling.pricing import Catalog, catalog, catalog_knowing, hold_amount
 
 
 class NoEligibleGpuType(DomainError):
@@ -31,6 +32,49 @@ def eligible_types(gpu_types: list[str], gpu_memory_gb: int, snap: Catalog | Non
             errors={"gpu_memory_gb": ["No acceptable GPU type has this much memory per GPU."]},
         )
     return eligible
+
+
+class NeverRunnable(DomainError):
+    """No acceptable GPU type could ever run the job: it would wait forever with credits held."""
+
+    type = "validation-error"
+    status = 400
+    title = "The job can never run"
+
+
+_FIELD = {"type": "gpu_types", "regions": "regions", "size": "gpu_count"}
+
+
+def _why_never(snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
+               org_id: int, project_id: int) -> dict[str, Never] | None:
+    """Per type, why it can never run the job; None as soon as one type could."""
+    why: dict[str, Never] = {}
+    for name in types:
+        never = why_never_fits(snap.fleet, name, gpu_count, regions) or why_over_quota(
+            snap.quotas, org_id, project_id, name, gpu_count
+        )
+        if never is None:
+            return None
+        why[name] = never
+    return why
+
+
+def check_can_ever_run(*, snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
+                       org_id: int, project_id: int) -> None:
+    """Refuse a job that no registered node set (as if all were up and idle) could ever hold, or
+    that is larger than a concurrent-GPU quota, on every type it accepts (Slurm refuses such jobs
+    at submission too). A refusal is re-checked on a fresh catalog first: a node registered in
+    another process within the cache's TTL must not make a good job bounce."""
+    if _why_never(snap, types, gpu_count, regions, org_id, project_id) is None:
+        return
+    why = _why_never(catalog(fresh=True), types, gpu_count, regions, org_id, project_id)
+    if why is None:
+        return
+    errors: dict[str, list[str]] = {}
+    for name, never in why.items():
+        errors.setdefault(_FIELD[never.cause], []).append(f"{name}: {never.message}.")
+    reasons = "; ".join(f"{name}: {never.message}" for name, never in why.items())
+    raise NeverRunnable(f"No GPU type this job accepts could ever run it ({reasons}).", errors=errors)
 
 
 def eligible_gpu_types(job: Job) -> list[str]:

@@ -19,7 +19,7 @@ from config.errors import DomainError
 from ledger.services import CallerEvent
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
-from scheduling.services.reservation import eligible_types, hold_seconds, place_job_hold
+from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)
 _CURRENT_HOLD = Job._meta.get_field("current_hold").column
@@ -198,6 +198,8 @@ def submit_job(
                            regions=spec.regions)
     cls, preemptible = validate_spec(spec, snap)
     types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
+    check_can_ever_run(snap=snap, types=types, gpu_count=spec.gpu_count, regions=spec.regions,
+                       org_id=project.org_id, project_id=project.pk)
     if now is None:
         now = db_now()
     job = Job(

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from accounts.models import OrgRole
+from accounts.models import OrgRole, Region
 from accounts.services import create_api_key
 from ledger.models import MICRO
-from scheduling.models import GpuPrice, GpuType, PriorityClass
+from scheduling.models import GpuPrice, GpuType, Node, NodeState, PriorityClass
 from tests.api.factories import Tenant, make_tenant
 
 # Prices per GPU-hour (micro-credits).
@@ -38,6 +38,13 @@ def fleet(db: Any) -> dict[str, GpuType]:
         GpuPrice.objects.get_or_create(gpu_type=gpu, effective_from=since,
                                        defaults={"price_per_gpu_hour": price})
         types[name] = gpu
+    # Nodes big enough for any gang the API accepts (up to 1,024 GPUs) in both test regions: a
+    # submission the fleet could never run is refused (400), and these tests are about the API.
+    for code in ("eu", "us"):
+        region, _ = Region.objects.get_or_create(code=code, defaults={"name": code})
+        for name, gpu in types.items():
+            Node.objects.get_or_create(name=f"{name}-{code}", defaults={
+                "region": region, "gpu_type": gpu, "gpu_count": 1024, "state": NodeState.READY})
     # transaction=True tests flush the tables, including the classes a data migration created.
     for cls_name, rank, preemptible, can_preempt in PRIORITY_CLASSES:
         PriorityClass.objects.get_or_create(
