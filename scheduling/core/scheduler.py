@@ -189,6 +189,18 @@ class _Pass:
         lim = q.project.get((job.project_id, gpu_type))
         return lim is None or self.proj_used[(job.project_id, gpu_type)] + job.gpu_count <= lim
 
+    def quota_detail(self, job: PendingJob, types: list[str]) -> str:
+        """Which quota binds on each type, e.g. "concurrent-GPU quota: H100 project 6 of 8 in use,
+        A100 org 4 of 4 in use; needs 4" (the first binding level per type)."""
+        q, parts = self.snap.quotas, []
+        for t in types:
+            lim, used, who = q.org.get((job.org_id, t)), self.org_used[(job.org_id, t)], "org"
+            if lim is None or used + job.gpu_count <= lim:
+                key = (job.project_id, t)
+                lim, used, who = q.project.get(key), self.proj_used[key], "project"
+            parts.append(f"{t} {who} {used} of {lim} in use")
+        return f"concurrent-GPU quota: {', '.join(parts)}; needs {job.gpu_count}"
+
     def consider(self, job: PendingJob) -> None:
         if not job.budget_ok:
             return self.skip(job, reasons.BUDGET, "hold could not be funded")
@@ -203,7 +215,7 @@ class _Pass:
         walls = self.walls(job)
         types = [t for t in walls if self.quota_ok(job, t)] if self.has_quotas else list(walls)
         if not types:
-            return self.skip(job, reasons.QUOTA, "concurrent-GPU quota reached on every acceptable type")
+            return self.skip(job, reasons.QUOTA, self.quota_detail(job, list(walls)))
         # The fastest type is never deferred, so it is also the fastest of the types kept.
         fastest = min(types, key=walls.__getitem__) if self.fair else types[0]
         # Once the pass's victim searches are used up, try_preempt returns False at once without

@@ -79,6 +79,7 @@ def test_quota_per_org_and_project_per_type() -> None:
     q = Quotas(org={(1, "H100"): 6})
     res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100",))], run, quotas=q))
     assert res.wait_reasons[1] == R.QUOTA
+    assert res.skips[0].detail == "concurrent-GPU quota: H100 org 4 of 6 in use; needs 4"
     # Falls through to a type where quota allows.
     res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100", "T4"))], run, quotas=q))
     assert res.placements[0].gpu_type == "T4"
@@ -87,6 +88,7 @@ def test_quota_per_org_and_project_per_type() -> None:
         snap(nodes, [job(1, gpus=4, gpu_types=("T4",)), job(2, gpus=4, gpu_types=("T4",))], quotas=qp)
     )
     assert [p.job_id for p in res.placements] == [1] and res.wait_reasons[2] == R.QUOTA
+    assert res.skips[0].detail == "concurrent-GPU quota: T4 project 4 of 5 in use; needs 4"
 
 
 def test_draining_unknown_down_nodes_get_nothing() -> None:
