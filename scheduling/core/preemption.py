@@ -129,6 +129,71 @@ class VictimIndex:
                 have -= on(job)
         return chosen
 
+    def _usable(self, job: RunningJob, gpu_type: str, rank: int, priority: float, min_left: float) -> bool:
+        """Whether `job` may be a victim of a job of class `rank` and `priority` (see `plan`)."""
+        if job.id in self.claimed or job.gpu_type != gpu_type or self.rank[job.id] >= rank:
+            return False
+        if job.preemption_requested_at is not None:
+            return True
+        if min_left and job.started_at + job.max_wall_seconds - self.now < min_left:
+            return False
+        return self.requeue_priority(job) < priority
+
+    def quota_plan(
+        self,
+        state: FleetState,
+        gpu_type: str,
+        g: int,
+        regions: tuple[str, ...],
+        rank: int,
+        priority: float,
+        min_left: float,
+        owner: tuple[int, int],
+        deficits: tuple[int, int],
+    ) -> Plan | None:
+        """Victims among the preemptor's own org's and project's jobs on `gpu_type` whose exit
+        brings their concurrent-GPU use under quota for a gang of g (Kueue's preemption within a
+        queue), or None. `owner` = (org id, project id); `deficits` = GPUs that must be freed at
+        the (org, project) level. Same victim rules as `plan` (strictly lower class, below the
+        preemptor if queued again, `min_left`); jobs already signalled count first. The gang must
+        also fit the GPUs free now plus the victims' (without other victims: no mixed plans)."""
+        org_id, project_id = owner
+        need_org, need_project = deficits
+        cands = sorted(
+            (j for js in self.by_node.values() for j in js
+             if j.org_id == org_id and self._usable(j, gpu_type, rank, priority, min_left)),
+            key=self._key,
+        )
+        cands = list(dict.fromkeys(cands))  # a multi-node victim is listed once per node
+        chosen: list[RunningJob] = []
+        freed_project = 0
+        for job in cands:  # the project's own jobs first, while its quota is short
+            if freed_project >= need_project:
+                break
+            if job.project_id == project_id:
+                chosen.append(job)
+                freed_project += job.gpu_count
+        if freed_project < need_project:
+            return None
+        freed_org = sum(j.gpu_count for j in chosen)
+        for job in cands:
+            if freed_org >= need_org:
+                break
+            if job not in chosen:
+                chosen.append(job)
+                freed_org += job.gpu_count
+        if freed_org < need_org:
+            return None
+        sim = {n: set(free) for n, free in state.free.items()}
+        for v in chosen:
+            for m, idx in v.allocations:
+                if m in sim:
+                    sim[m].update(idx)
+        alloc = _fit(state, sim, gpu_type, g, regions)
+        if alloc is None:
+            return None
+        return Plan(tuple(chosen), alloc, self._cost(chosen, 0))
+
     def _cost(self, victims: list[RunningJob], stranded: int) -> tuple[int, int, float, int]:
         new = [v for v in victims if v.preemption_requested_at is None]
         top = max((self.rank[v.id] for v in new), default=0)
@@ -153,16 +218,9 @@ class VictimIndex:
         wall limit (stopping a job that is about to end gains nothing).
         """
         best: Plan | None = None
-        now = self.now
 
         def usable(job: RunningJob) -> bool:
-            if job.id in self.claimed or job.gpu_type != gpu_type or self.rank[job.id] >= rank:
-                return False
-            if job.preemption_requested_at is not None:
-                return True
-            if min_left and job.started_at + job.max_wall_seconds - now < min_left:
-                return False
-            return self.requeue_priority(job) < priority
+            return self._usable(job, gpu_type, rank, priority, min_left)
 
         if not state.is_multi(gpu_type, g):
             failed = self._failed.setdefault((gpu_type, regions), [])
@@ -242,3 +300,23 @@ def _dominated(
         if rank <= f_rank and g >= f_g and min_left >= f_left and priority <= f_prio:
             return True
     return False
+
+
+def _fit(
+    state: FleetState, free: dict[int, set[int]], gpu_type: str, g: int, regions: tuple[str, ...]
+) -> Allocation | None:
+    """A gang of g on `gpu_type` within `free` (the pass's free GPUs plus victims'): the tightest
+    single node, or for a gang larger than a node, the fewest nodes of one IB group."""
+    nodes = [n for n, node in state.node.items()
+             if node.gpu_type == gpu_type and (not regions or node.region in regions)]
+    if not state.is_multi(gpu_type, g):
+        fits = [n for n in nodes if len(free[n]) >= g]
+        if not fits:
+            return None
+        n = min(fits, key=lambda x: (len(free[x]), x))
+        return ((n, tuple(sorted(free[n])[:g])),)
+    for gkey in state.groups_of.get(gpu_type, []):
+        members = [n for n in state.group_nodes[gkey] if n in nodes]
+        if members and sum(len(free[n]) for n in members) >= g:
+            return pick_in_group(members, free, state.node, g)
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 PLACED = "placed"
 BACKFILLED = "backfilled"
 PREEMPTED_FOR_PRIORITY = "preempted-for-priority"
+PREEMPTED_FOR_QUOTA = "preempted-for-quota"  # by a higher-class job of its own org/project at quota
 
 QUOTA = "quota"
 RESOURCES = "resources"

@@ -16,7 +16,7 @@ from scheduling.core.model import (
     Snapshot,
 )
 from scheduling.core.placement import FleetState
-from scheduling.core.preemption import VictimIndex
+from scheduling.core.preemption import Plan, VictimIndex
 
 # Unknown class names rank below every configured class and cannot preempt.
 _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
@@ -215,6 +215,12 @@ class _Pass:
         walls = self.walls(job)
         types = [t for t in walls if self.quota_ok(job, t)] if self.has_quotas else list(walls)
         if not types:
+            if (
+                job.priority_class in self.preempting
+                and not self.preemption_exhausted()
+                and self.try_quota_preempt(job, list(walls), walls)
+            ):
+                return None
             return self.skip(job, reasons.QUOTA, self.quota_detail(job, list(walls)))
         # The fastest type is never deferred, so it is also the fastest of the types kept.
         fastest = min(types, key=walls.__getitem__) if self.fair else types[0]
@@ -435,8 +441,7 @@ class _Pass:
         self.result.reservations.append(res)
 
     # -- preemption -----------------------------------------------------------------------------
-    def try_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
-        rank = self.cls(job.priority_class).rank
+    def victim_index(self) -> VictimIndex:
         if self.victims is None:
             self.victims = VictimIndex(
                 list(self.snap.running),
@@ -450,6 +455,57 @@ class _Pass:
                 self.cfg.preemption_exempt_growth,
                 self.cfg.preemption_exempt_after,
             )
+        return self.victims
+
+    def try_quota_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
+        """A job held back only by its org's or project's concurrent-GPU quota may preempt lower-class
+        jobs of that same org/project on the type (Kueue's preemption within a queue): they make
+        room under the quota, and never another tenant's jobs."""
+        victims, q, g = self.victim_index(), self.snap.quotas, job.gpu_count
+        rank = self.cls(job.priority_class).rank
+        for t in types:
+            if self.preemption_exhausted():
+                return False
+            org_cap, project_cap = q.org.get((job.org_id, t)), q.project.get((job.project_id, t))
+            deficits = (
+                0 if org_cap is None else max(0, self.org_used[(job.org_id, t)] + g - org_cap),
+                0 if project_cap is None else max(0, self.proj_used[(job.project_id, t)] + g - project_cap),
+            )
+            self.preempt_attempts += 1
+            plan = victims.quota_plan(
+                self.state, t, g, job.regions, rank, self.prio[job.id],
+                self.cfg.preemption_min_gain * walls[t], (job.org_id, job.project_id), deficits,
+            )
+            if plan is not None and self._signal(job, t, plan, reasons.PREEMPTED_FOR_QUOTA, " (own quota)"):
+                return True
+        return False
+
+    def _signal(self, job: PendingJob, t: str, plan: Plan, code: str, why: str = "") -> bool:
+        """Signal the plan's new victims, claim its GPUs, reserve them for `job`, and tell it why
+        it waits; False (nothing done) when the pass's preemption budget would be exceeded."""
+        new = [v for v in plan.victims if v.preemption_requested_at is None]
+        if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
+            return False
+        self.preempted_now += len(new)
+        for v in plan.victims:
+            self.victims_claim(v)
+        grace = self.cfg.grace_seconds
+        for v in new:
+            self.result.decisions.append(Preempt(v.id, v.attempt_id, job.id, grace, code))
+        start = max(self._exit_by(v) for v in plan.victims)
+        self.add_reservation(Reservation(job.id, t, start, plan.allocations, "preemption"))
+        ids = ",".join(str(v.id) for v in plan.victims)
+        self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit{why}")
+        return True
+
+    def victims_claim(self, v: RunningJob) -> None:
+        self.victim_index().claimed.add(v.id)
+        for node_id, idx in v.allocations:
+            self.excluded.update((node_id, i) for i in idx)
+
+    def try_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
+        rank = self.cls(job.priority_class).rank
+        victims = self.victim_index()
         for t in types:
             key = (t, job.regions, rank)
             known = self.preempt_fail_min.get(key)
@@ -459,31 +515,13 @@ class _Pass:
                 return False
             self.preempt_attempts += 1
             min_left = self.cfg.preemption_min_gain * walls[t]
-            plan = self.victims.plan(
-                self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id], min_left
-            )
+            plan = victims.plan(self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id], min_left)
             if plan is None:
                 if not min_left:  # with a gain rule the outcome also depends on the job's wall
                     self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
                 continue
-            new = [v for v in plan.victims if v.preemption_requested_at is None]
-            if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
-                continue
-            self.preempted_now += len(new)
-            for v in plan.victims:
-                self.victims.claimed.add(v.id)
-                for node_id, idx in v.allocations:
-                    self.excluded.update((node_id, i) for i in idx)
-            grace = self.cfg.grace_seconds
-            for v in new:
-                self.result.decisions.append(
-                    Preempt(v.id, v.attempt_id, job.id, grace, reasons.PREEMPTED_FOR_PRIORITY)
-                )
-            start = max(self._exit_by(v) for v in plan.victims)
-            self.add_reservation(Reservation(job.id, t, start, plan.allocations, "preemption"))
-            ids = ",".join(str(v.id) for v in plan.victims)
-            self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit")
-            return True
+            if self._signal(job, t, plan, reasons.PREEMPTED_FOR_PRIORITY):
+                return True
         return False
 
     def _exit_by(self, v: RunningJob) -> float:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core import Config, Result, Skip, schedule
+from scheduling.core import Config, PendingJob, Quotas, Result, Skip, schedule
 from scheduling.core import reasons as R
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -329,3 +329,72 @@ def test_no_exemption_note_when_nothing_lower_could_be_preempted() -> None:
     young_batch = _full_node(started=NOW - 100)
     res = schedule(snap([node(1)], [job(2, gpus=8, cls="interactive")], young_batch, now=NOW))
     assert res.preemptions == [] and "exempt" not in _wait_detail(res, 2)
+
+
+def _skip(res: Result, job_id: int) -> Skip:
+    return next(s for s in res.skips if s.job_id == job_id)
+
+
+# -- preemption within the preemptor's own quota (Kueue: withinClusterQueue: LowerPriority) ------
+
+def _h100(cls: str) -> PendingJob:
+    return job(1, gpus=4, gpu_types=("H100",), cls=cls)
+
+
+def _at_quota(**quota: dict) -> tuple[list, list, Quotas]:
+    """Org 1 uses its 8-H100 quota with a batch job on node 1; node 2 is idle."""
+    run = [running(50, ((1, tuple(range(8))),), cls="batch", org_id=1, project_id=10, wall=99_999)]
+    return [node(1), node(2)], run, Quotas(**quota)
+
+
+def test_a_job_at_its_org_quota_preempts_its_own_orgs_lower_class_job() -> None:
+    nodes, run, quotas = _at_quota(org={(1, "H100"): 8})
+    res = schedule(snap(nodes, [_h100("production")], run, quotas=quotas, now=NOW))
+    (p,) = res.preemptions
+    assert (p.job_id, p.for_job_id, p.reason_code) == (50, 1, R.PREEMPTED_FOR_QUOTA)
+    assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
+    assert _skip(res, 1).detail == "on H100: waiting for jobs 50 to exit (own quota)"
+    # Next pass, the victim still exiting: counted on, not signalled again.
+    signalled = [replace(run[0], preemption_requested_at=NOW)]
+    res = schedule(snap(nodes, [_h100("production")], signalled, quotas=quotas, now=NOW + 5))
+    assert res.preemptions == [] and res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
+    # Once it has exited the job is placed (the idle node is free all along).
+    res = schedule(snap(nodes, [_h100("production")], [], quotas=quotas, now=NOW + 200))
+    assert [p.job_id for p in res.placements] == [1]
+
+
+def test_quota_preemption_never_touches_another_tenant_or_a_higher_class() -> None:
+    nodes, run, quotas = _at_quota(org={(1, "H100"): 8})
+    other_org = [replace(run[0], org_id=2, project_id=20)]
+    own_premium = [replace(run[0], priority_class="premium")]
+    for victims, cls in ((other_org, "production"), (own_premium, "standard")):
+        # Against another org's job the quota is not even reached; either way nothing is stopped.
+        res = schedule(snap(nodes, [_h100(cls)], victims, quotas=quotas, now=NOW))
+        assert res.preemptions == []
+    res = schedule(snap(nodes, [_h100("standard")], own_premium, quotas=quotas, now=NOW))
+    assert res.wait_reasons[1] == R.QUOTA
+    # A class that may not preempt waits for its quota like before.
+    res = schedule(snap(nodes, [_h100("batch")], run, quotas=quotas, now=NOW))
+    assert res.preemptions == [] and res.wait_reasons[1] == R.QUOTA
+
+
+def test_a_project_quota_takes_the_projects_own_jobs_first() -> None:
+    nodes = [node(1), node(2), node(3)]
+    run = [
+        running(50, ((1, tuple(range(8))),), cls="batch", org_id=1, project_id=11, wall=99_999),
+        running(60, ((2, (0, 1, 2, 3)),), cls="standard", org_id=1, project_id=10, wall=99_999),
+    ]
+    quotas = Quotas(project={(10, "H100"): 4})
+    res = schedule(snap(nodes, [_h100("production")], run, quotas=quotas, now=NOW))
+    # Job 50 is of a lower class, but it is another project's: only the project's own job frees
+    # the project's quota.
+    assert [(p.job_id, p.reason_code) for p in res.preemptions] == [(60, R.PREEMPTED_FOR_QUOTA)]
+
+
+def test_quota_preemption_respects_the_minimum_runtime() -> None:
+    nodes, run, quotas = _at_quota(org={(1, "H100"): 8})
+    young = [replace(run[0], started_at=NOW - 100)]
+    res = schedule(snap(nodes, [_h100("production")], young, quotas=quotas, now=NOW,
+                        min_runtime_before_preemption_seconds=600))
+    assert res.preemptions == [] and res.wait_reasons[1] == R.QUOTA
+    assert _skip(res, 1).detail == "concurrent-GPU quota: H100 org 8 of 8 in use; needs 4"
