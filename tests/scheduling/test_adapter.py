@@ -226,6 +226,34 @@ def test_preemption_requests_a_stop_with_grace(
     assert run_scheduling_pass(trigger="test").preempted == 0  # type: ignore[union-attr]
 
 
+def test_a_job_at_its_quota_preempts_its_own_orgs_lower_class_job(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    Quota.objects.create(org=tenant["org"], gpu_type=fleet["h100"], max_gpus=4)
+    long_ago = timezone.now() - timedelta(hours=2)
+    victim = make_job(JobState.RUNNING, gpu_count=4, priority_class=priority("batch"),
+                      max_wall_seconds=36_000)
+    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
+    for i in range(4):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
+    # Four H100s are free, but the org's quota of 4 is used by its own batch job.
+    urgent = make_job(JobState.QUEUED, gpu_count=4, gpu_types=["H100"],
+                      priority_class=priority("production"), preemptible=False)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and (row.preempted, row.placed) == (1, 0)
+    event = AuditEvent.objects.get(action="sched.preempt")
+    assert (event.reason_code, event.subject_id, event.data["for_job"]) == (
+        "preempted-for-quota", str(victim.pk), urgent.pk,
+    )
+    urgent.refresh_from_db()
+    assert (urgent.wait_reason, urgent.wait_detail) == (
+        "waiting-for-preemption", f"on H100: waiting for jobs {victim.pk} to exit (own quota)",
+    )
+
+
 def test_wait_reasons_are_kept_and_audited_only_on_change(
     fleet: dict[str, Any], make_job: Callable[..., Job],
 ) -> None:
