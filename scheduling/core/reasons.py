@@ -5,6 +5,9 @@ Codes are part of the API contract: add new ones, never rename.
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+
 PLACED = "placed"
 BACKFILLED = "backfilled"
 PREEMPTED_FOR_PRIORITY = "preempted-for-priority"
@@ -30,3 +33,14 @@ WAIT_REASONS: frozenset[str] = frozenset(
 
 def is_wait_reason(code: str) -> bool:
     return code in WAIT_REASONS or code.startswith(RESERVED_PREFIX)
+
+
+def utc_time(epoch_seconds: float) -> str:
+    """A time in a wait detail: ISO 8601 UTC to the second, e.g. `2026-11-21T22:49:58Z`.
+
+    Details are read by people and parsed by clients, so raw epoch seconds are no good and a zone-less
+    local time is ambiguous; every time in a detail goes through here so they all read alike. Rounded
+    up: each such time is a "not before" bound (earliest start, end of an exemption, retry), so the
+    shown second is never earlier than the true instant.
+    """
+    return datetime.fromtimestamp(math.ceil(epoch_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
