@@ -18,6 +18,7 @@ PRIORITY = "priority"
 BUDGET = "budget"
 NO_MATCHING_GPU_TYPE = "no-matching-gpu-type"
 WAITING_FOR_PREEMPTION = "waiting-for-preemption"
+BACKOFF = "backoff"  # set by the lifecycle, not the core: requeued after a lost node, retry not before T
 RESERVED_PREFIX = "reserved-for-job-"
 
 
@@ -27,7 +28,7 @@ def reserved_for(job_id: int) -> str:
 
 
 WAIT_REASONS: frozenset[str] = frozenset(
-    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION}
+    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF}
 )
 
 
