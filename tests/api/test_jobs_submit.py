@@ -98,6 +98,8 @@ def test_insufficient_credits_is_402_with_needed_and_available(
         ({"gpu_types": []}, "gpu_types"),
         ({"gpu_types": "H100"}, "gpu_types"),
         ({"gpu_types": ["TPU"]}, "gpu_types"),
+        ({"gpu_types": ["H100", "A100", "H100"]}, "gpu_types"),  # distinct names only
+        ({"gpu_types": ["H100"] * 9}, "gpu_types"),  # at most 8 (MAX_GPU_TYPES)
         ({"priority_class": "vip"}, "priority_class"),
         ({"preemptible": "no"}, "preemptible"),
         ({"regions": ["mars"]}, "regions"),
