@@ -193,7 +193,8 @@ def submit_job(
     if deferred_writes is not None and len(connection.atomic_blocks) < 2:
         raise ValueError("deferred_writes needs an enclosing transaction that runs them")
     if not can_submit(user, project):
-        raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
+        raise SubmissionForbidden("Project viewers and non-members cannot submit jobs here; project members "
+                                  "with any other role, and org owners/admins, can.")
     snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
                            regions=spec.regions)
     cls, preemptible = validate_spec(spec, snap)
