@@ -1,6 +1,7 @@
 """The fleet (GPU types, prices, nodes), priority classes, quotas, jobs, attempts, allocations."""
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 from simple_history.models import HistoricalRecords
@@ -120,6 +121,19 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"quota {self.max_gpus}x{self.gpu_type} for {self.project or self.org}"
+
+    def clean(self) -> None:
+        """A project quota must name the project's own org. The scheduler keys project quotas by
+        project alone (`adapter.snapshot.load_quotas`), so a quota saved under another org would
+        still cap that project, while the admin lists it under the wrong org."""
+        super().clean()
+        if self.project_id is None or self.org_id is None:
+            return
+        if self.project.org_id != self.org_id:
+            raise ValidationError({"project": (
+                f"Project {self.project} belongs to organization {self.project.org}, not {self.org}: "
+                "choose a project of this quota's organization, or none for an org-wide quota."
+            )})
 
 
 class JobState(models.TextChoices):
