@@ -85,7 +85,8 @@ class PriorityClass(models.Model):
 
     name = models.SlugField(max_length=32, unique=True)
     rank = models.IntegerField(unique=True)
-    # Jobs of this class may be preempted by jobs of a higher class.
+    # Jobs of this class may be preempted by jobs of a higher class: the default of a job's own
+    # `Job.preemptible`, set at submission; the scheduler reads only the job's flag.
     preemptible = models.BooleanField(default=True)
     # Jobs of this class may preempt lower-class preemptible jobs.
     can_preempt = models.BooleanField(default=False)
@@ -170,6 +171,8 @@ class Job(models.Model):
     gpu_memory_gb = models.PositiveIntegerField(default=0)  # floor per GPU
     max_wall_seconds = models.PositiveIntegerField()
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="+")
+    # What the scheduler reads (not the class's flag): set from the class's policy at submission
+    # unless the client chose (`submission.validate_spec`).
     preemptible = models.BooleanField(default=True)
     command = models.TextField(blank=True, default="")
     regions = models.JSONField(default=list, blank=True)

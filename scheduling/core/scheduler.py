@@ -433,7 +433,6 @@ class _Pass:
                 list(self.snap.running),
                 self.state,
                 lambda n: self.cls(n).rank,
-                lambda n: self.cls(n).preemptible_by_higher,
                 self._running_fs,
                 self._requeue_priority,
                 self.now,
