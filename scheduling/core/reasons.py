@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from functools import lru_cache
 
 PLACED = "placed"
 BACKFILLED = "backfilled"
@@ -44,4 +45,11 @@ def utc_time(epoch_seconds: float) -> str:
     up: each such time is a "not before" bound (earliest start, end of an exemption, retry), so the
     shown second is never earlier than the true instant.
     """
-    return datetime.fromtimestamp(math.ceil(epoch_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _utc_second(math.ceil(epoch_seconds))
+
+
+@lru_cache(maxsize=4096)
+def _utc_second(second: int) -> str:
+    # Cached: passes write the same few times into many blocked jobs' details (the Alibaba replay:
+    # ~57,000 calls, ~1,500 distinct seconds), and formatting costs ~3 us, ~20x a cache hit.
+    return datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
