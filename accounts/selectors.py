@@ -149,3 +149,18 @@ def can_submit(user: AnyUser, project: Project) -> bool:
     if org_level in ORG_MANAGER_ROLES:
         return True
     return role is not None and role != OrgRole.VIEWER
+
+
+def job_write_refusal(user: AnyUser, project: Project, verb: str) -> str:
+    """The 403 message for a caller `can_submit` refused, saying which rule stopped them: a project
+    viewer *is* a project member, so "only project members may ..." would mislead her. Reads the
+    roles cached by `get_visible_project_for_submit` when present, else one query (refusals only)."""
+    cached = getattr(project, "_gpubank_roles", None)
+    if cached is not None and cached[0] == user.pk:
+        role = cached[2]
+    else:
+        role = Membership.objects.filter(user=user, project=project).values_list("role", flat=True).first()
+    if role == OrgRole.VIEWER:
+        return (f"Project viewers cannot {verb} jobs; project members with any other role, "
+                "and org owners/admins, can.")
+    return f"Only project members (any role but viewer) and org owners/admins may {verb} jobs here."

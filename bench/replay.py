@@ -84,6 +84,12 @@ class Sim:
     passes: int = 0
     attempts: list[tuple[float, float, int, float, int]] = field(default_factory=list)
     """(start, end, gpus, speed vs the job's fastest type, team) of every attempt."""
+    class_policy: dict[str, bool] = field(init=False, default_factory=dict)
+    """Class name -> `preemptible_by_higher`: a trace job's own `preemptible` flag, as submission
+    sets it for a client that does not choose (the core reads only the job's flag)."""
+
+    def __post_init__(self) -> None:
+        self.class_policy = {c.name: c.preemptible_by_higher for c in self.config.priority_classes}
 
     def run(self, progress: bool) -> None:
         cfg = self.config
@@ -249,6 +255,7 @@ class Sim:
             max_wall_seconds=max(w for _, w in walls),
             submitted_at=submitted,
             gpu_types=tuple(job.duration),
+            preemptible=self.class_policy.get(job.priority_class, True),
             max_wall_by_type=walls,
             run_seconds=ran,
         )

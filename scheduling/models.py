@@ -1,6 +1,7 @@
 """The fleet (GPU types, prices, nodes), priority classes, quotas, jobs, attempts, allocations."""
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 from simple_history.models import HistoricalRecords
@@ -84,7 +85,8 @@ class PriorityClass(models.Model):
 
     name = models.SlugField(max_length=32, unique=True)
     rank = models.IntegerField(unique=True)
-    # Jobs of this class may be preempted by jobs of a higher class.
+    # Jobs of this class may be preempted by jobs of a higher class: the default of a job's own
+    # `Job.preemptible`, set at submission; the scheduler reads only the job's flag.
     preemptible = models.BooleanField(default=True)
     # Jobs of this class may preempt lower-class preemptible jobs.
     can_preempt = models.BooleanField(default=False)
@@ -121,6 +123,19 @@ class Quota(models.Model):
     def __str__(self) -> str:
         return f"quota {self.max_gpus}x{self.gpu_type} for {self.project or self.org}"
 
+    def clean(self) -> None:
+        """A project quota must name the project's own org. The scheduler keys project quotas by
+        project alone (`adapter.snapshot.load_quotas`), so a quota saved under another org would
+        still cap that project, while the admin lists it under the wrong org."""
+        super().clean()
+        if self.project_id is None or self.org_id is None:
+            return
+        if self.project.org_id != self.org_id:
+            raise ValidationError({"project": (
+                f"Project {self.project} belongs to organization {self.project.org}, not {self.org}: "
+                "choose a project of this quota's organization, or none for an org-wide quota."
+            )})
+
 
 class JobState(models.TextChoices):
     QUEUED = "queued"
@@ -156,6 +171,8 @@ class Job(models.Model):
     gpu_memory_gb = models.PositiveIntegerField(default=0)  # floor per GPU
     max_wall_seconds = models.PositiveIntegerField()
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, related_name="+")
+    # What the scheduler reads (not the class's flag): set from the class's policy at submission
+    # unless the client chose (`submission.validate_spec`).
     preemptible = models.BooleanField(default=True)
     command = models.TextField(blank=True, default="")
     regions = models.JSONField(default=list, blank=True)

@@ -82,12 +82,14 @@ def add_fleet_enums(result: dict[str, Any], generator: Any, request: Any, public
 
 
 def apply_fleet_enums(result: dict[str, Any], enums: dict[str, Any]) -> dict[str, Any]:
+    """Add the names that exist now. `gpu_types` keeps the serializer's `maxItems` (8): with
+    `uniqueItems` and the enum a fleet of fewer types already bounds a valid list, and lowering
+    the stated limit to the fleet's size made the schema disagree with the docs and validation."""
     schemas = result.get("components", {}).get("schemas", {})
     job = schemas.get("JobSubmitRequest", {}).get("properties", {})
     if job and enums.get("gpu_types"):
         job["gpu_types"]["items"]["enum"] = enums["gpu_types"]
         job["gpu_types"]["uniqueItems"] = True
-        job["gpu_types"]["maxItems"] = min(job["gpu_types"].get("maxItems", 8), len(enums["gpu_types"]))
     if job and enums.get("max_memory") is not None:
         job["gpu_memory_gb"]["maximum"] = enums["max_memory"]
     if job and enums.get("priority_classes"):

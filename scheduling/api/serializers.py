@@ -14,6 +14,7 @@ from ledger.models import Hold
 from scheduling.models import Job, JobAttempt
 
 MAX_GPU_COUNT = 1024
+MAX_GPU_TYPES = 8  # acceptable types per job; the schema states this limit whatever the fleet holds
 MAX_WALL_SECONDS = 30 * 24 * 3600
 MAX_GPU_MEMORY_GB = 4096
 
@@ -22,7 +23,7 @@ class JobSubmitSerializer(StrictSerializer):
     project = StrictIntegerField(min_value=1, max_value=2**53)
     name = StrictCharField(min_length=1, max_length=200)
     gpu_types = serializers.ListField(
-        child=StrictCharField(min_length=1, max_length=32), min_length=1, max_length=8,
+        child=StrictCharField(min_length=1, max_length=32), min_length=1, max_length=MAX_GPU_TYPES,
         help_text="Acceptable GPU types in order of preference, e.g. [\"H100\", \"A100\"].",
     )
     gpu_count = StrictIntegerField(min_value=1, max_value=MAX_GPU_COUNT)

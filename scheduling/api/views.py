@@ -11,7 +11,12 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.selectors import can_submit, get_visible_project_for_submit, visible_projects
+from accounts.selectors import (
+    can_submit,
+    get_visible_project_for_submit,
+    job_write_refusal,
+    visible_projects,
+)
 from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
@@ -160,7 +165,7 @@ class JobCancelView(GenericAPIView):
             raise ValidationError({"non_field_errors": ["Cancel takes no body."]})
         job = get_visible_job(request.user, job_id)
         if not can_submit(request.user, job.project):
-            raise PermissionDenied("Only project members (or org owners/admins) may cancel jobs.")
+            raise PermissionDenied(job_write_refusal(request.user, job.project, "cancel"))
         enforce_org_limit(request, org_id=job.org_id, scope="jobs-submit")
 
         def effect() -> tuple[int, Any]:

@@ -47,11 +47,14 @@ class PriorityClass:
     name: str
     rank: int
     preemptible_by_higher: bool
+    """The class's policy: the default of its jobs' own `preemptible` flag, applied when a job is
+    submitted without one. The core decides by the job's flag alone (one rule: a job of a
+    non-preemptible class may volunteer), so changing this does not change jobs already queued."""
     can_preempt: bool
 
 
 DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
-    # The issue's ladder: only production is never preemptible. Same table as the DB default
+    # The issue's ladder: only production is non-preemptible by default. Same table as the DB default
     # (scheduling migration 0002); tests/scheduling/core/test_classes.py keeps them equal.
     PriorityClass("production", 5, preemptible_by_higher=False, can_preempt=True),
     PriorityClass("premium", 4, preemptible_by_higher=True, can_preempt=True),
@@ -78,6 +81,8 @@ class PendingJob:
     gpu_memory_gb: int = 0
     """Per-GPU memory floor: types with less memory are never considered."""
     preemptible: bool = True
+    """Whether a higher class may preempt it once it runs: the job's own flag, which is what the
+    core reads (set it from the class's `preemptible_by_higher` when the client did not choose)."""
     regions: tuple[str, ...] = ()
     """Acceptable regions; empty means any."""
     budget_ok: bool = True
@@ -106,6 +111,7 @@ class RunningJob:
     user_id: int
     priority_class: str
     preemptible: bool
+    """The job's own flag, as on `PendingJob`: the only thing that makes it a candidate victim."""
     gpu_type: str
     allocations: Allocation
     started_at: float

@@ -33,7 +33,6 @@ class VictimIndex:
         running: list[RunningJob],
         state: FleetState,
         rank_of: Callable[[str], int],
-        preemptible_class: Callable[[str], bool],
         fs_of: Callable[[RunningJob], float],
         prio_of: Callable[[RunningJob], float],
         now: float,
@@ -59,7 +58,10 @@ class VictimIndex:
                 continue  # its GPUs would not be reusable anyway
             signalled = job.preemption_requested_at is not None
             grown = max(0, job.times_preempted - exempt_after)  # growth starts after `exempt_after`
-            could = job.preemptible and preemptible_class(job.priority_class)
+            # The job's own flag decides, not its class's: submission sets it from the class's policy
+            # unless the client chose (a non-preemptible class may volunteer; opting out of a
+            # preemptible class is refused there), so the class is already in it.
+            could = job.preemptible
             exempt = min_runtime * exempt_growth**grown
             eligible = could and now - job.started_at >= exempt
             if could and not signalled and not eligible:

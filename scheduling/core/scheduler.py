@@ -263,7 +263,7 @@ class _Pass:
                 return self.skip(
                     job,
                     reasons.RESOURCES,
-                    f"reserved: earliest start {res.start_at:.0f} on {res.gpu_type}{exempt}",
+                    f"reserved: earliest start {reasons.utc_time(res.start_at)} on {res.gpu_type}{exempt}",
                 )
             detail = f"does not fit the ready fleet even when idle{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
@@ -271,13 +271,16 @@ class _Pass:
 
     def _exempt_note(self, job: PendingJob, types: list[str]) -> str:
         """For a job that may preempt but found no victims: when the first lower-class job on its
-        types stops being exempt (minimum runtime, grown for jobs preempted many times)."""
+        types stops being exempt (minimum runtime, grown for jobs preempted many times). Worded as
+        the *first* such job: a gang may need several victims, so this is when preemption can start
+        to help, not when enough victims are free."""
         if self.victims is None:
             return ""
         until = self.victims.exempt_until(types, self.cls(job.priority_class).rank)
         if until is None:
             return ""
-        return f"; lower-class jobs there are exempt from preemption until {until:.0f}"
+        at = reasons.utc_time(until)
+        return f"; the first lower-class job there stops being exempt from preemption at {at}"
 
     def _skip_shape(
         self,
@@ -447,7 +450,6 @@ class _Pass:
                 list(self.snap.running),
                 self.state,
                 lambda n: self.cls(n).rank,
-                lambda n: self.cls(n).preemptible_by_higher,
                 self._running_fs,
                 self._requeue_priority,
                 self.now,

@@ -23,6 +23,7 @@ from audit.models import AuditEvent
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
+from scheduling.core import reasons
 from scheduling.models import (
     TERMINAL_JOB_STATES,
     Allocation,
@@ -327,7 +328,8 @@ def requeue(
 ) -> Job:
     """Queue the job again with a fresh hold. If the hold cannot be funded, the job still waits
     (reason `budget`, no hold) and `fund_waiting_jobs` tries again later."""
-    wait = ("backoff", f"retry not before {not_before:%Y-%m-%d %H:%M:%S}") if not_before else ("", "")
+    retry_at = reasons.utc_time(not_before.timestamp()) if not_before else ""
+    wait = (reasons.BACKOFF, f"retry not before {retry_at}") if not_before else ("", "")
     transition(job, S.QUEUED, reason_code=reason_code, data=data, not_before=not_before,
                current_hold=None, wait_reason=wait[0], wait_detail=wait[1])
     fund_job(job=job)
@@ -347,9 +349,9 @@ def fund_job(*, job: Job) -> bool:
         retry_at = db_now() + timedelta(seconds=_setting("SCHEDULER_FUNDING_RETRY_SECONDS", 60))
         detail = str(error.detail)[:255]
         Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
-            wait_reason="budget", wait_detail=detail, not_before=retry_at
+            wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at
         )
-        job.wait_reason, job.wait_detail, job.not_before = "budget", detail, retry_at
+        job.wait_reason, job.wait_detail, job.not_before = reasons.BUDGET, detail, retry_at
         return False
     Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)
     job.current_hold, job.estimate = hold, hold.authorized

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 
 from accounts.models import Project
-from accounts.selectors import can_submit
+from accounts.selectors import can_submit, job_write_refusal
 from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
@@ -193,7 +193,7 @@ def submit_job(
     if deferred_writes is not None and len(connection.atomic_blocks) < 2:
         raise ValueError("deferred_writes needs an enclosing transaction that runs them")
     if not can_submit(user, project):
-        raise SubmissionForbidden("Only project members (or org owners/admins) may submit jobs here.")
+        raise SubmissionForbidden(job_write_refusal(user, project, "submit"))
     snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
                            regions=spec.regions)
     cls, preemptible = validate_spec(spec, snap)

@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from accounts.models import OrgRole
 from audit.models import AuditEvent
 from budgets.models import BudgetPeriod
 from ledger.models import MICRO, Hold, HoldState, LedgerTransaction
 from scheduling.models import Job
 from tests.api.conftest import A100_PRICE, H100_PRICE, client_for
 from tests.api.factories import Tenant, add_member
+from tests.factories import OrgMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -98,6 +100,8 @@ def test_insufficient_credits_is_402_with_needed_and_available(
         ({"gpu_types": []}, "gpu_types"),
         ({"gpu_types": "H100"}, "gpu_types"),
         ({"gpu_types": ["TPU"]}, "gpu_types"),
+        ({"gpu_types": ["H100", "A100", "H100"]}, "gpu_types"),  # distinct names only
+        ({"gpu_types": ["H100"] * 9}, "gpu_types"),  # at most 8 (MAX_GPU_TYPES)
         ({"priority_class": "vip"}, "priority_class"),
         ({"preemptible": "no"}, "preemptible"),
         ({"regions": ["mars"]}, "regions"),
@@ -188,7 +192,29 @@ def test_viewer_may_not_submit(tenant: Tenant, job_body: Callable) -> None:
     response = post(viewer, job_body())
     assert response.status_code == 403
     assert response.json()["type"] == "permission-denied"
+    # She is a project member, so "only project members may submit" would not say what is wrong.
+    assert response.json()["detail"] == (
+        "Project viewers cannot submit jobs; project members with any other role, and org owners/admins, can."
+    )
     nothing_written()
+
+
+def test_cancel_refusal_tells_a_viewer_from_a_non_member(
+    api: APIClient, tenant: Tenant, job_body: Callable
+) -> None:
+    job = post(api, job_body()).json()
+    viewer = client_for(add_member(tenant.project, role="viewer"))
+    org_member = UserFactory()  # sees every project of the org, but is no project member
+    OrgMembershipFactory(org=tenant.org, user=org_member, role=OrgRole.MEMBER)
+    for client, detail in (
+        (viewer, "Project viewers cannot cancel jobs; project members with any other role, "
+                 "and org owners/admins, can."),
+        (client_for(org_member), "Only project members (any role but viewer) and org owners/admins "
+                                 "may cancel jobs here."),
+    ):
+        response = client.post(f"/api/v1/jobs/{job['id']}/cancel", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
+        assert response.status_code == 403 and response.json()["detail"] == detail
+    assert Job.objects.get(pk=job["id"]).state == "queued"
 
 
 def test_org_admin_may_submit_without_project_membership(tenant: Tenant, job_body: Callable) -> None:

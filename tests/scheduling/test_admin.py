@@ -1,4 +1,5 @@
-"""Scheduling admin: every page renders; the node-token action shows the token once."""
+"""Scheduling admin: every page renders; the node-token action shows the token once; quotas stay
+within their org."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 
-from scheduling.models import Job, JobState, Node
-from tests.factories import UserFactory
+from scheduling.models import Job, JobState, Node, Quota
+from tests.factories import OrganizationFactory, ProjectFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -50,3 +52,34 @@ def test_cancel_action_cancels_a_queued_job(staff: Client, fleet: dict[str, Any]
     staff.post(reverse("admin:scheduling_job_changelist"),
                {"action": "cancel", "_selected_action": [job.pk]}, follow=True)
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+def _quota_form(org: Any, project: Any, gpu_type: Any) -> dict[str, Any]:
+    return {"org": org.pk, "project": project.pk if project else "", "gpu_type": gpu_type.pk, "max_gpus": 4}
+
+
+def test_quota_admin_refuses_a_project_of_another_org(staff: Client, fleet: dict[str, Any]) -> None:
+    acme, globex = OrganizationFactory(slug="acme"), OrganizationFactory(slug="globex")
+    llm = ProjectFactory(org=acme, slug="llm")
+    url = reverse("admin:scheduling_quota_add")
+    response = staff.post(url, _quota_form(globex, llm, fleet["h100"]))
+    assert response.status_code == 200  # the form again, with the error; nothing saved
+    assert response.context["adminform"].form.errors["project"] == [
+        "Project acme/llm belongs to organization acme, not globex: choose a project of this "
+        "quota's organization, or none for an org-wide quota."
+    ]
+    assert not Quota.objects.exists()
+    # The project's own org, or no project (org-wide), saves.
+    for org, project in ((acme, llm), (globex, None)):
+        assert staff.post(url, _quota_form(org, project, fleet["h100"])).status_code == 302
+    assert set(Quota.objects.values_list("org__slug", "project__slug")) == {("acme", "llm"), ("globex", None)}
+
+
+def test_quota_clean_checks_the_projects_org(fleet: dict[str, Any]) -> None:
+    project = ProjectFactory()
+    other = OrganizationFactory()
+    with pytest.raises(ValidationError) as refused:
+        Quota(org=other, project=project, gpu_type=fleet["h100"], max_gpus=1).full_clean()
+    assert set(refused.value.message_dict) == {"project"}
+    Quota(org=project.org, project=project, gpu_type=fleet["h100"], max_gpus=1).full_clean()
+    Quota(org=other, project=None, gpu_type=fleet["h100"], max_gpus=1).full_clean()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from ledger.models import Hold, HoldState
 from ledger.services import place_hold
+from scheduling.core.reasons import is_wait_reason
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
 from scheduling.services.lifecycle import cancel_job, finish_attempt, request_stop
 from tests.factories import fund
@@ -84,6 +86,10 @@ def test_lost_node_requeues_with_backoff_and_a_fresh_hold_until_retries_run_out(
         requeued = finish_attempt(attempt=attempt, outcome="lost")
         stored = Job.objects.get(pk=job.pk)
         assert stored.state == JobState.QUEUED and stored.wait_reason == "backoff"
+        assert is_wait_reason(stored.wait_reason)  # a documented code of the API contract
+        # The detail names the retry time in ISO 8601 UTC, rounded up to the second.
+        shown = datetime.strptime(stored.wait_detail, "retry not before %Y-%m-%dT%H:%M:%SZ")
+        assert 0 <= (shown.replace(tzinfo=UTC) - stored.not_before).total_seconds() < 1
         delays.append((stored.not_before - Hold.objects.get(pk=attempt.hold_id).settled_at).total_seconds())
         assert stored.current_hold_id not in holds and requeued.current_hold.state == HoldState.ACTIVE
         holds.add(stored.current_hold_id)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from scheduling.core import Skip, schedule
 from scheduling.core import reasons as R
-from scheduling.core import schedule
 from tests.scheduling.core.helpers import job, node, running, snap
 
 NOW = 10_000.0
@@ -22,6 +22,9 @@ def test_reservation_at_earliest_start() -> None:
     r = res.reservation
     assert r is not None and r.job_id == 1 and r.start_at == NOW + 3600
     assert res.wait_reasons[1] == R.RESOURCES
+    # Times in the detail are ISO 8601 UTC (13,600 s after the epoch), not raw epoch seconds.
+    (detail,) = [d.detail for d in res.decisions if isinstance(d, Skip) and d.job_id == 1]
+    assert detail.startswith("reserved: earliest start 1970-01-01T03:46:40Z on H100")
 
 
 def test_short_job_backfills_long_job_waits() -> None:

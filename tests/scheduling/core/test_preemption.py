@@ -1,4 +1,5 @@
-"""Preemption: only strictly lower, preemptible classes; min runtime; grace; no double counting."""
+"""Preemption: only strictly lower-class jobs whose own flag allows it; min runtime; grace; no double
+counting."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core import Config, PendingJob, Quotas, Result, Skip, schedule
+from scheduling.core import Config, PendingJob, PriorityClass, Quotas, Result, Skip, schedule
 from scheduling.core import reasons as R
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -132,7 +133,7 @@ def test_default_exemption_grows_from_the_sixth_attempt() -> None:
 def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
     for cls, preemptible, pending_cls in [
         ("batch", False, "production"),  # job opted out
-        ("production", True, "production"),  # production is never preemptible (and same class)
+        ("production", True, "production"),  # same class (and no class outranks production)
         ("standard", True, "standard"),  # same class
         ("premium", True, "standard"),  # higher class
         ("interactive", True, "batch"),  # batch cannot preempt (class config)
@@ -140,6 +141,28 @@ def test_never_preempts_non_preemptible_same_or_higher_class() -> None:
         run = _full_node(cls=cls, preemptible=preemptible)
         res = schedule(snap([node(1)], [job(1, gpus=8, cls=pending_cls)], run, now=NOW))
         assert res.preemptions == [], (cls, preemptible, pending_cls)
+
+
+# A non-preemptible class in the middle of the ladder: only there can a volunteer matter (in the
+# default ladder the one non-preemptible class, production, has no class above it).
+_MIDDLE_LADDER = (
+    PriorityClass("top", 3, preemptible_by_higher=False, can_preempt=True),
+    PriorityClass("guarded", 2, preemptible_by_higher=False, can_preempt=True),
+    PriorityClass("low", 1, preemptible_by_higher=True, can_preempt=False),
+)
+
+
+@pytest.mark.parametrize(("volunteered", "preempted"), [(True, [50]), (False, [])])
+def test_the_jobs_own_flag_decides_even_in_a_non_preemptible_class(
+    volunteered: bool, preempted: list[int]
+) -> None:
+    """docs/api.md: a job of a non-preemptible class may volunteer `preemptible: true`; the core
+    must then treat it as a candidate like any other (its class's flag is only the default)."""
+    run = _full_node(cls="guarded", preemptible=volunteered)
+    pending = [job(1, gpus=8, cls="top")]
+    res = schedule(snap([node(1)], pending, run, now=NOW, priority_classes=_MIDDLE_LADDER))
+    assert [p.job_id for p in res.preemptions] == preempted
+    assert all(p.for_job_id == 1 for p in res.preemptions)
 
 
 def test_signalled_victims_are_not_signalled_twice_nor_counted_twice() -> None:
@@ -312,12 +335,14 @@ def test_a_blocked_preemptor_is_told_when_its_victims_stop_being_exempt() -> Non
     young = _full_node(started=NOW - 100)
     res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], young, now=NOW))
     assert res.preemptions == [] and res.wait_reasons[1] == R.RESOURCES
-    assert _wait_detail(res, 1).endswith(f"exempt from preemption until {NOW - 100 + 600:.0f}")
+    # NOW - 100 + 600 = 10,500 s after the epoch
+    first = "; the first lower-class job there stops being exempt from preemption at 1970-01-01T02:55:00Z"
+    assert _wait_detail(res, 1).endswith(first)
 
     stopped_often = _full_node(started=NOW - 1000, times_preempted=7)
     res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], stopped_often, now=NOW))
     assert res.preemptions == []
-    assert _wait_detail(res, 1).endswith(f"exempt from preemption until {NOW - 1000 + 2400:.0f}")
+    assert _wait_detail(res, 1).endswith("exempt from preemption at 1970-01-01T03:10:00Z")  # 11,400 s
 
 
 def test_no_exemption_note_when_nothing_lower_could_be_preempted() -> None:

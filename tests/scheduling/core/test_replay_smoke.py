@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.core import Config, GpuType, Node
+from scheduling.core import DEFAULT_PRIORITY_CLASSES, Config, GpuType, Node, PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
@@ -55,6 +55,23 @@ def test_every_policy_finishes_every_job() -> None:
             st.finish is not None and st.finish >= j.arrival for j in trace.jobs for st in [sim.stats[j.id]]
         )
         assert 0 < float(m["util"]) <= 1.0
+
+
+def test_trace_jobs_take_their_class_policy_as_their_own_preemptible_flag() -> None:
+    """The core decides by the job's flag alone; the replay sets it from the class, as submission
+    does for a client that does not choose. With premium made non-preemptible (a non-preemptible
+    class below production), no premium job is ever stopped while others are."""
+    ladder = tuple(
+        PriorityClass(c.name, c.rank, c.name not in ("production", "premium"), c.can_preempt)
+        for c in DEFAULT_PRIORITY_CLASSES
+    )
+    trace = _tiny_trace()
+    sim = Sim(trace, Config(policy="fair", priority_classes=ladder), "ours")
+    sim.run(progress=False)
+    stopped = {cls: 0 for cls in ("production", "premium", "standard", "batch", "interactive")}
+    for j in trace.jobs:
+        stopped[j.priority_class] += sim.stats[j.id].preempted
+    assert stopped["premium"] == stopped["production"] == 0 and sim.preemptions > 0
 
 
 def test_jain_index() -> None:
