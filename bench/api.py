@@ -89,10 +89,10 @@ def seed(orgs: int) -> tuple[list[tuple[int, str]], object]:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from accounts.models import Membership, Organization, Project
+    from accounts.models import Membership, Organization, Project, Region
     from accounts.services import create_api_key
     from ledger.services import issue_credits
-    from scheduling.models import GpuPrice, GpuType
+    from scheduling.models import GpuPrice, GpuType, Node, NodeState
 
     gpu, _ = GpuType.objects.get_or_create(name="H100", defaults={"memory_gb": 80})
     GpuPrice.objects.get_or_create(
@@ -100,6 +100,10 @@ def seed(orgs: int) -> tuple[list[tuple[int, str]], object]:
         effective_from=timezone.now() - timezone.timedelta(days=1),
         defaults={"price_per_gpu_hour": 4_000_000},
     )
+    # A node the 1-GPU jobs could run on: a job no node could ever hold is refused (400).
+    region, _ = Region.objects.get_or_create(code="bench", defaults={"name": "bench"})
+    Node.objects.get_or_create(name="bench-h100", defaults={
+        "region": region, "gpu_type": gpu, "gpu_count": 8, "state": NodeState.READY})
     out = []
     for i in range(orgs):
         org = Organization.objects.create(name=f"bench {i}", slug=f"bench-{i}", max_inflight_submissions=64)
