@@ -36,7 +36,14 @@ def why_never_fits(
 ) -> Never | None:
     """None when a gang of `gpu_count` GPUs of `gpu_type` fits the idle `fleet` in `regions`
     (empty = any), else why it never can."""
-    if fleet.find(gpu_type, gpu_count, regions) is not None:
+    if gpu_type in fleet.max_gpus and fleet.is_multi(gpu_type, gpu_count):
+        # A group whose GPUs add up to the gang always fits it (pick_in_group takes whole nodes
+        # until the rest fits one), so the totals decide without building an allocation.
+        totals = (fleet.group_free[g] for g in fleet.groups_of[gpu_type]
+                  if not regions or fleet.group_region[g] in regions)
+        if any(total >= gpu_count for total in totals):
+            return None
+    elif fleet.find(gpu_type, gpu_count, regions) is not None:
         return None
     if gpu_type not in fleet.max_gpus:
         return Never("type", f"there are no {gpu_type} nodes")
