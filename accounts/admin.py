@@ -45,6 +45,11 @@ class ProjectAdmin(SimpleHistoryAdmin):
     list_filter = ("org",)
     inlines = [MembershipInline]
 
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
+        # A project's jobs, holds, budgets and quotas are its org's: moving it to another org
+        # would leave them pointing at the old one (and the money with them).
+        return ("org",) if obj is not None else ()
+
 
 @admin.register(OrgMembership)
 class OrgMembershipAdmin(SimpleHistoryAdmin):
