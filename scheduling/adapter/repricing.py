@@ -13,10 +13,8 @@ after `SCHEDULER_FUNDING_RETRY_SECONDS` (its GPUs stay free for others meanwhile
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.conf import settings
 from django.db import transaction
 
 from audit.models import AuditEvent
@@ -26,6 +24,7 @@ from metering.cost import cost
 from scheduling import core
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
+from scheduling.services.lifecycle import funding_retry_at
 
 if TYPE_CHECKING:
     from scheduling.adapter.snapshot import Loaded, PendingRow
@@ -100,7 +99,7 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
 def _wait_for_funds(
     loaded: Loaded, place: core.Place, row: PendingRow, refusal: str, events: list[NewEvent]
 ) -> None:
-    retry = loaded.now + timedelta(seconds=getattr(settings, "SCHEDULER_FUNDING_RETRY_SECONDS", 60))
+    retry = funding_retry_at(loaded.now)
     detail = (
         f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "
         f"was priced at; {refusal}"

@@ -12,7 +12,7 @@ scheduler's own decision, so it neither counts as a retry nor backs off.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -336,6 +336,11 @@ def requeue(
     return job
 
 
+def funding_retry_at(now: datetime) -> datetime:
+    """When a job whose hold could not be funded (or topped up) is offered to the scheduler again."""
+    return now + timedelta(seconds=_setting("SCHEDULER_FUNDING_RETRY_SECONDS", 60))
+
+
 def fund_job(*, job: Job) -> bool:
     """Give a queued job without a hold a fresh one; on a funding/budget refusal, mark it waiting."""
     from scheduling.services.reservation import reserve_job_hold
@@ -346,7 +351,7 @@ def fund_job(*, job: Job) -> bool:
             hold = reserve_job_hold(job=job, key=key)
     except DomainError as error:
         # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
-        retry_at = db_now() + timedelta(seconds=_setting("SCHEDULER_FUNDING_RETRY_SECONDS", 60))
+        retry_at = funding_retry_at(db_now())
         detail = str(error.detail)[:255]
         Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
             wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at

@@ -45,7 +45,7 @@ class NeverRunnable(DomainError):
 _FIELD = {"type": "gpu_types", "regions": "regions", "size": "gpu_count"}
 
 
-def _why_never(snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
+def why_never_runs(snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
                org_id: int, project_id: int) -> dict[str, Never] | None:
     """Per type, why it can never run the job; None as soon as one type could."""
     why: dict[str, Never] = {}
@@ -65,9 +65,9 @@ def check_can_ever_run(*, snap: Catalog, types: list[str], gpu_count: int, regio
     that is larger than a concurrent-GPU quota, on every type it accepts (Slurm refuses such jobs
     at submission too). A refusal is re-checked on a fresh catalog first: a node registered in
     another process within the cache's TTL must not make a good job bounce."""
-    if _why_never(snap, types, gpu_count, regions, org_id, project_id) is None:
+    if why_never_runs(snap, types, gpu_count, regions, org_id, project_id) is None:
         return
-    why = _why_never(catalog(fresh=True), types, gpu_count, regions, org_id, project_id)
+    why = why_never_runs(catalog(fresh=True), types, gpu_count, regions, org_id, project_id)
     if why is None:
         return
     errors: dict[str, list[str]] = {}

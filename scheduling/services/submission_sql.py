@@ -37,7 +37,7 @@ from ledger.services import _sql as ledger_sql
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import catalog_knowing, hold_quote
 from scheduling.services import submission
-from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds
+from scheduling.services.reservation import eligible_types, hold_seconds, why_never_runs
 from scheduling.services.submission import JobSpec, validate_spec
 
 # SQLSTATEs after which the Python path decides: GBFBK (`jobs_submit`: a budget level would be
@@ -84,8 +84,8 @@ def submit_job_in_sql(
                                regions=spec.regions)
         cls, preemptible = validate_spec(spec, snap)
         types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
-        check_can_ever_run(snap=snap, types=types, gpu_count=spec.gpu_count, regions=spec.regions,
-                           org_id=project.org_id, project_id=project.pk)
+        if why_never_runs(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk):
+            return None  # the Python path re-checks on a fresh catalog and refuses (or accepts)
         job = Job(
             org_id=project.org_id, project=project, user=user, name=spec.name,
             gpu_types=list(spec.gpu_types), gpu_count=spec.gpu_count,

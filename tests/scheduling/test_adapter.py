@@ -196,20 +196,29 @@ def test_a_gpu_can_never_be_allocated_twice(
     assert Allocation.objects.filter(node=fleet["node"], gpu_index=3, released_at__isnull=True).count() == 1
 
 
+def _batch_running_and_production_queued(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt], gpus: int,
+) -> tuple[Job, JobAttempt, Job]:
+    """A batch job running for 2 h on GPUs 0..gpus-1 of the H100 node, and a production job of the
+    same size queued for H100. The victim has 10 h of wall, 8 h left: more than the production
+    job's 1 h, so the default gain rule allows preempting it."""
+    long_ago = timezone.now() - timedelta(hours=2)
+    victim = make_job(JobState.RUNNING, gpu_count=gpus, priority_class=priority("batch"),
+                      max_wall_seconds=36_000)
+    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
+    for i in range(gpus):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
+    urgent = make_job(JobState.QUEUED, gpu_count=gpus, gpu_types=["H100"],
+                      priority_class=priority("production"), preemptible=False)
+    return victim, attempt, urgent
+
+
 def test_preemption_requests_a_stop_with_grace(
     fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
     settings: Any,
 ) -> None:
     settings.SCHEDULER_PREEMPT_GRACE_SECONDS = 90
-    long_ago = timezone.now() - timedelta(hours=2)
-    # 10 h of wall, 8 h left: more than the urgent job's 1 h, so the default gain rule allows it.
-    victim = make_job(JobState.RUNNING, gpu_count=8, priority_class=priority("batch"),
-                      max_wall_seconds=36_000)
-    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
-    for i in range(8):
-        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
-    urgent = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"],
-                      priority_class=priority("production"), preemptible=False)
+    victim, attempt, urgent = _batch_running_and_production_queued(fleet, make_job, make_attempt, gpus=8)
 
     row = run_scheduling_pass(trigger="test")
 
@@ -231,15 +240,8 @@ def test_a_job_at_its_quota_preempts_its_own_orgs_lower_class_job(
     make_attempt: Callable[..., JobAttempt],
 ) -> None:
     Quota.objects.create(org=tenant["org"], gpu_type=fleet["h100"], max_gpus=4)
-    long_ago = timezone.now() - timedelta(hours=2)
-    victim = make_job(JobState.RUNNING, gpu_count=4, priority_class=priority("batch"),
-                      max_wall_seconds=36_000)
-    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=long_ago, scheduled_at=long_ago)
-    for i in range(4):
-        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
-    # Four H100s are free, but the org's quota of 4 is used by its own batch job.
-    urgent = make_job(JobState.QUEUED, gpu_count=4, gpu_types=["H100"],
-                      priority_class=priority("production"), preemptible=False)
+    # Four H100s stay free, but the org's quota of 4 is used by its own batch job.
+    victim, _, urgent = _batch_running_and_production_queued(fleet, make_job, make_attempt, gpus=4)
 
     row = run_scheduling_pass(trigger="test")
 
