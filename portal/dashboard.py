@@ -11,6 +11,7 @@ from config.clock import db_now
 from portal import selectors
 from portal.access import DashboardScope
 from portal.templatetags.portal_money import credits
+from scheduling.core.reasons import RESERVED_PREFIX
 
 Snapshot = dict[str, Any]
 
@@ -77,18 +78,51 @@ def _fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return nodes, gpu_types
 
 
+# Per-job reservation codes (`reserved-for-job-N`) are one family on the dashboard.
+RESERVED_FAMILY = f"{RESERVED_PREFIX}N"
+NOT_YET_SEEN = "new"  # queued, not yet looked at by a scheduling pass
+
+
+def _queue(now_epoch: float) -> list[dict[str, Any]]:
+    rows = []
+    for row in selectors.queue_by_org_and_reason():
+        reason = row["reason"] or NOT_YET_SEEN
+        if reason.startswith(RESERVED_PREFIX):
+            reason = RESERVED_FAMILY
+        waited = max(int(now_epoch - row["oldest"].timestamp()), 0)
+        rows.append({"org_id": row["org_id"], "reason": reason, "jobs": row["jobs"],
+                     "gpus": row["gpus"], "longest_wait_seconds": waited})
+    return rows
+
+
+def _queue_by_reason(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Org rows merged per reason, the reason with the most waiting jobs first."""
+    merged: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = merged.setdefault(
+            row["reason"], {"reason": row["reason"], "jobs": 0, "gpus": 0, "longest_wait_seconds": 0}
+        )
+        entry["jobs"] += row["jobs"]
+        entry["gpus"] += row["gpus"]
+        entry["longest_wait_seconds"] = max(entry["longest_wait_seconds"], row["longest_wait_seconds"])
+    return sorted(merged.values(), key=lambda entry: (-entry["jobs"], entry["reason"]))
+
+
 def build_snapshot() -> Snapshot:
     """Everything the dashboard shows, for every org (cut down per viewer by `for_scope`)."""
+    now = db_now()
     nodes, gpu_types = _fleet()
     consumption = [
         {**row, "display": credits(row["amount"])} for row in selectors.consumption_by_org()
     ]
     return {
-        "generated_at": db_now().isoformat(),
+        "generated_at": now.isoformat(),
         "running_jobs": _running_jobs(),
         "nodes": nodes,
         "gpu_types": gpu_types,
+        "gpus_in_use_last_hour": selectors.gpus_in_use_series(),
         "consumption": consumption,
+        "queue_rows": _queue(now.timestamp()),
     }
 
 
@@ -96,14 +130,18 @@ def for_scope(snapshot: Snapshot, scope: DashboardScope) -> Snapshot:
     """The part of a snapshot a viewer may see: fleet capacity is shared, jobs and money per org."""
     if scope.all_orgs:
         jobs, consumption = snapshot["running_jobs"], snapshot["consumption"]
+        queue = snapshot["queue_rows"]
     else:
         jobs = [job for job in snapshot["running_jobs"] if scope.allows(job["org_id"])]
         consumption = [row for row in snapshot["consumption"] if scope.allows(row["org_id"])]
+        queue = [row for row in snapshot["queue_rows"] if scope.allows(row["org_id"])]
     total = sum(row["amount"] for row in consumption)
+    view = {key: value for key, value in snapshot.items() if key != "queue_rows"}
     return {
-        **snapshot,
+        **view,
         "running_jobs": jobs,
         "consumption": consumption,
+        "queue": _queue_by_reason(queue),
         "consumed_total": total,
         "consumed_total_display": credits(total),
     }

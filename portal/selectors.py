@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Case, Count, IntegerField, Q, QuerySet, Sum, When
+from django.db.models import Case, Count, IntegerField, Min, Q, QuerySet, Sum, When
 from django.db.models.functions import TruncMinute
 
 from config.clock import db_now
@@ -14,6 +14,7 @@ from scheduling.models import (
     AttemptState,
     Job,
     JobAttempt,
+    JobState,
     Node,
 )
 
@@ -87,3 +88,47 @@ def consumption_by_org(*, minutes: int = 60, bins: int = 12) -> list[dict]:
         entry["amount"] += row["amount"]
         entry["series"][slot] += row["amount"]
     return sorted(by_org.values(), key=lambda entry: (-entry["amount"], entry["org"]))
+
+
+def gpus_in_use_series(*, minutes: int = 60, step_minutes: int = 5) -> list[int]:
+    """GPUs allocated at each step over the last `minutes`, oldest first, the last one now.
+
+    Read from the allocation history (every allocation keeps its start and release), so the
+    chart is the same whenever the page is opened. One query: a filtered count per instant over
+    the allocations that overlap the window.
+    """
+    now = db_now()
+    steps = minutes // step_minutes
+    instants = [now - timedelta(minutes=step_minutes * (steps - i)) for i in range(steps + 1)]
+    live_at = {
+        f"at_{i}": Count(
+            "id", filter=Q(allocated_at__lte=t) & (Q(released_at__isnull=True) | Q(released_at__gt=t))
+        )
+        for i, t in enumerate(instants[:-1])
+    }
+    # Now = every allocation not released, exactly what the GPU tables count (an allocation
+    # stamped a moment after this transaction's clock reading is still in use now).
+    live_at[f"at_{steps}"] = Count("id", filter=Q(released_at__isnull=True))
+    counts = Allocation.objects.filter(
+        Q(released_at__isnull=True) | Q(released_at__gt=instants[0])
+    ).aggregate(**live_at)
+    return [counts[f"at_{i}"] for i in range(len(instants))]
+
+
+def queue_by_org_and_reason() -> list[dict]:
+    """Queued jobs per (org, wait reason): how many, how many GPUs they ask for, oldest submission.
+
+    Returns [{"org_id", "reason", "jobs", "gpus", "oldest"}]; `reason` is "" for a job no
+    scheduling pass has looked at yet.
+    """
+    rows = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .values("org_id", "wait_reason")
+        .annotate(jobs=Count("id"), gpus=Sum("gpu_count"), oldest=Min("submitted_at"))
+        .order_by()
+    )
+    return [
+        {"org_id": r["org_id"], "reason": r["wait_reason"], "jobs": r["jobs"], "gpus": r["gpus"],
+         "oldest": r["oldest"]}
+        for r in rows
+    ]

@@ -276,6 +276,8 @@ class Allocation(models.Model):
                 name="allocation_release_after_start",
             ),
         ]
+        # The dashboard's last-hour chart reads allocations live or released in the window.
+        indexes = [models.Index(fields=["released_at"], name="alloc_released_idx")]
 
     def __str__(self) -> str:
         return f"{self.node}:{self.gpu_index} -> attempt {self.attempt_id}"

@@ -14,6 +14,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from ledger.models import MICRO
 from ledger.services import capture
 from portal.tasks import broadcast_dashboard
+from scheduling.models import Job
 from tests.portal.browser import CHROMIUM, CHROMIUM_ARGS, asgi_server
 from tests.portal.conftest import PASSWORD, World
 
@@ -91,12 +92,24 @@ def test_dashboard_receives_a_live_update(
 ) -> None:
     settings.PORTAL_DASHBOARD_PULL_SECONDS = 0  # only a push can change the page after connect
     host = urlsplit(live_server.url).hostname
+    Job.objects.create(  # waits on its org's quota: the queue table shows it
+        org=world.acme, project=world.vision, user=world.alice, name="queued-one", gpu_types=["H100"],
+        gpu_count=4, max_wall_seconds=600, priority_class=world.job.priority_class, wait_reason="quota",
+        submitted_at=world.job.submitted_at,
+    )
     _sign_in(page, live_server.url, "carol")
     page.goto(f"http://{host}:{asgi_port}/dashboard/")
     expect(page.locator("#live-status")).to_have_text("live")
     expect(page.locator("#consumed-total")).to_have_text("12.345678")
     expect(page.locator("#job-rows")).to_contain_text("train-resnet")
     expect(page.locator("#gpu-type-rows")).to_contain_text("2 / 8")
+    expect(page.locator("#queue-rows")).to_contain_text("quota")
+    expect(page.locator("#queue-count")).to_have_text("(1)")
+    # The last hour in 13 points from the allocation history; now (the right end) is 2 GPUs.
+    points = page.locator("#allocation-spark polyline").get_attribute("points").split()
+    assert len(points) == 13
+    heights = [float(point.split(",")[1]) for point in points]  # 58 = the baseline, 0 GPUs
+    assert heights[:-1] == [58.0] * 12 and heights[-1] < 58.0  # none before the fixture's job, 2 now
 
     capture(hold=world.hold, amount=7 * MICRO, key="portal-capture-live")
     # The beat task, as a worker runs it (its own thread: async_to_sync cannot run beside

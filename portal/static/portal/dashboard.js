@@ -5,8 +5,6 @@
   const script = document.currentScript;
   const wsPath = script.dataset.wsPath;
   const SVG = "http://www.w3.org/2000/svg";
-  const history = []; // GPUs in use, one point per snapshot received
-  const HISTORY_MAX = 60;
 
   function $(id) { return document.getElementById(id); }
 
@@ -53,6 +51,15 @@
       tr.append(...build(row));
       body.append(tr);
     }
+  }
+
+  // "45 s", "12 min", "3 h 05 min", "2 d 4 h": a wait at a glance.
+  function duration(seconds) {
+    if (seconds < 60) return seconds + " s";
+    const m = Math.floor(seconds / 60), h = Math.floor(m / 60), d = Math.floor(h / 24);
+    if (h < 1) return m + " min";
+    if (d < 1) return h + " h " + String(m % 60).padStart(2, "0") + " min";
+    return d + " d " + (h % 24) + " h";
   }
 
   function pct(value) { return value === null || value === undefined ? null : value.toFixed(0) + " %"; }
@@ -112,15 +119,20 @@
     snap.gpu_types.forEach(function (t) { gpus += t.gpus; allocated += t.allocated; });
     $("gpus-allocated").textContent = allocated;
     $("gpus-total").textContent = gpus;
-    history.push(allocated);
-    if (history.length > HISTORY_MAX) history.shift();
-    drawSpark($("allocation-spark"), history, gpus);
+    drawSpark($("allocation-spark"), snap.gpus_in_use_last_hour, gpus);
     fillRows("gpu-type-rows", snap.gpu_types, function (t) {
       return [cell(t.name), cell(t.allocated + " / " + t.gpus, "num"), loadBar(t.allocated, t.gpus), cell(pct(t.utilization), "num")];
     }, "No GPUs registered.", 4);
     fillRows("node-rows", snap.nodes, function (n) {
       return [cell(n.name), cell(n.gpu_type), cell(n.state, "state state-" + n.state), cell(n.allocated + " / " + n.gpus, "num"), loadBar(n.allocated, n.gpus), cell(pct(n.utilization), "num")];
     }, "No nodes registered.", 6);
+
+    let queued = 0;
+    snap.queue.forEach(function (q) { queued += q.jobs; });
+    $("queue-count").textContent = "(" + queued + ")";
+    fillRows("queue-rows", snap.queue, function (q) {
+      return [cell(q.reason, "code"), cell(q.jobs, "num"), cell(q.gpus, "num"), cell(duration(q.longest_wait_seconds), "num")];
+    }, "No jobs waiting.", 4);
 
     $("running-count").textContent = "(" + snap.running_jobs.length + ")";
     fillRows("job-rows", snap.running_jobs, function (j) {
