@@ -10,7 +10,10 @@ Creates a throwaway PostgreSQL database (`bench_scheduler`), fills it from the c
             back after each repetition so every repetition sees the same queue (first pass: every
             pending job's wait reason changes and is audited),
   steady    a second pass right after it in the same (rolled back) transaction: only what
-            changed since the first pass is written and audited.
+            changed since the first pass is written and audited,
+  view      the queue ordering behind GET /jobs/{id}/priority (`order_queue()`: load +
+            `queue_order` + writing one cache entry per job), as on a cache miss, and one job's
+            standing read from that cache (what a GET costs in between).
 Prints each time and its ratio to the baseline.
 """
 
@@ -52,6 +55,7 @@ from scheduling.models import (  # noqa: E402
     Node,
     PriorityClass,
 )
+from scheduling.selectors import job_standing, order_queue  # noqa: E402
 from scheduling.services.tick import run_scheduling_pass  # noqa: E402
 
 
@@ -204,7 +208,7 @@ def main() -> None:
             "id", "org_id", "project_id", "user_id", "gpu_count", "submitted_at"
         )
         base = min(timed(lambda: list(pending_rows.all())) for _ in range(args.repeat))
-        loads, cores, ticks, steadies, rows, steady_rows = [], [], [], [], [], []
+        loads, cores, ticks, steadies, rows, steady_rows, views, reads = [], [], [], [], [], [], [], []
         for _ in range(args.repeat):
             with transaction.atomic():
                 now = datetime.now(UTC)
@@ -212,6 +216,9 @@ def main() -> None:
                 loaded = load_snapshot(now=now)
                 loads.append(time.perf_counter() - t0)
                 cores.append(timed(lambda ld=loaded: core.schedule(ld.snapshot)))
+                views.append(timed(order_queue))
+                someone = Job.objects.filter(state=JobState.QUEUED).order_by("-id").first()
+                reads.append(timed(lambda j=someone: job_standing(j)))
             try:
                 with transaction.atomic():
                     t0 = time.perf_counter()
@@ -232,7 +239,9 @@ def main() -> None:
         )
         print(f"baseline SELECT of pending jobs : {base * 1000:8.1f} ms   1.0x")
         for name, values in (("snapshot load", loads), ("core schedule()", cores), ("full tick", ticks),
-                             ("steady-state tick (2nd pass)", steadies)):
+                             ("steady-state tick (2nd pass)", steadies),
+                             ("queue ordering (priority, miss)", views),
+                             ("one job's standing (cached)", reads)):
             best = min(values)
             print(f"{name:<32}: {best * 1000:8.1f} ms {best / base:6.1f}x   (best of {args.repeat})")
         if row is not None:

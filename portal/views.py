@@ -11,6 +11,8 @@ from portal.access import dashboard_scope, org_view_for, visible_orgs
 from portal.balances import org_balances
 from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
 from portal.selectors import user_jobs
+from scheduling.models import JobState
+from scheduling.selectors import standings_of
 
 
 @require_GET
@@ -18,12 +20,20 @@ from portal.selectors import user_jobs
 def home(request: HttpRequest) -> HttpResponse:
     """The signed-in user's balances in every org/project they belong to, and their jobs."""
     orgs = [org_balances(view) for view in visible_orgs(request.user)]
+    jobs = list(user_jobs(user=request.user))
+    queued = [job for job in jobs if job.state == JobState.QUEUED]
+    if queued:  # where each stands in the queue (the API's GET /jobs/{id}/priority, cached)
+        found = standings_of(queued)
+        for job in queued:
+            standing = found.by_job[job.pk]
+            job.queue_position = standing.position if standing else None
+            job.queue_length = found.queue_length
     return render(
         request,
         "portal/home.html",
         {
             "orgs": orgs,
-            "jobs": user_jobs(user=request.user),
+            "jobs": jobs,
             "can_see_dashboard": dashboard_scope(request.user) is not None,
         },
     )

@@ -20,6 +20,7 @@ _NUMBERS: dict[str, type] = {
     "SCHEDULER_RETRY_BACKOFF_MAX_SECONDS": int,
     "SCHEDULER_STOP_GRACE_SECONDS": int,  # a cancelled or timed-out job's signal -> kill
     "SCHEDULER_FUNDING_RETRY_SECONDS": int,  # a placed job whose hold could not be funded
+    "SCHEDULER_QUEUE_VIEW_SECONDS": float,  # GET /jobs/{id}/priority reuses one ordering this long
     "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS": float,
     "SCHEDULER_PREEMPT_GRACE_SECONDS": float,
     "SCHEDULER_MIN_RUNTIME_SECONDS": float,

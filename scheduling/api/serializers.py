@@ -123,3 +123,78 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "attempt_count": int(job.attempt_count), "submitted_at": _when(job.submitted_at),
         "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],
     }
+
+
+class LevelSerializer(serializers.Serializer):
+    share = serializers.FloatField(help_text="Its share among its siblings (weights normalised to 1).")
+    usage = serializers.FloatField(help_text="Its part of the siblings' decayed GPU usage (0 to 1).")
+    level_fair_share = serializers.FloatField(
+        allow_null=True, help_text="share / usage; null when it used nothing (infinitely under-served)."
+    )
+
+
+class FairSharePathSerializer(serializers.Serializer):
+    factor = serializers.FloatField(help_text="Fair-share factor in (0, 1]; 1 = most under-served.")
+    org = LevelSerializer()
+    project = LevelSerializer()
+    user = LevelSerializer()
+
+
+class PriorityTermsSerializer(serializers.Serializer):
+    priority_class = serializers.FloatField(help_text="The class's rank.")
+    fair_share = serializers.FloatField(help_text="Fair-share weight x factor.")
+    size = serializers.FloatField(help_text="Size weight x size factor (short requests score higher).")
+    age = serializers.FloatField(help_text="Time waited beyond the aging grace, in class steps.")
+    response_ratio = serializers.FloatField(help_text="0 unless response-ratio aging is configured.")
+
+
+class JobPrioritySerializer(serializers.Serializer):
+    """A queued job's place in the queue and what its priority is made of (Slurm's sprio/sshare)."""
+
+    job = serializers.IntegerField()
+    computed_at = serializers.DateTimeField(help_text="When the queue was ordered (cached a few seconds).")
+    position = serializers.IntegerField(
+        allow_null=True,
+        help_text="1 = the first job the next pass considers; null while the job waits out a retry "
+        "backoff. Jobs further back may still start first, by backfill or on other GPU types.",
+    )
+    queue_length = serializers.IntegerField(help_text="Jobs the next pass considers.")
+    not_before = serializers.DateTimeField(allow_null=True, help_text="End of a retry backoff, if any.")
+    priority = serializers.FloatField(allow_null=True, help_text="In class steps; the sum of `terms`.")
+    priority_class = serializers.CharField()
+    terms = PriorityTermsSerializer(allow_null=True)
+    fair_share = FairSharePathSerializer(allow_null=True)
+    wall_seconds = serializers.FloatField(allow_null=True, help_text="The wall the size term reads.")
+    waited_seconds = serializers.FloatField(allow_null=True, help_text="What aging counts (runs excluded).")
+    wait_reason = serializers.CharField()
+    wait_detail = serializers.CharField()
+
+
+def _level(level: Any) -> dict[str, Any]:
+    fair = level.fair_share
+    return {"share": level.share, "usage": level.usage,
+            "level_fair_share": None if fair == float("inf") else fair}
+
+
+def render_job_priority(found: Any) -> dict[str, Any]:
+    """`JobPrioritySerializer` data for a `scheduling.selectors.JobStanding`."""
+    job, standing = found.job, found.standing
+    body: dict[str, Any] = {
+        "job": job.pk, "computed_at": found.computed_at, "position": None,
+        "queue_length": found.queue_length, "not_before": job.not_before, "priority": None,
+        "priority_class": job.priority_class.name, "terms": None, "fair_share": None,
+        "wall_seconds": None, "waited_seconds": None, "wait_reason": job.wait_reason,
+        "wait_detail": job.wait_detail,
+    }
+    if standing is not None:
+        terms = standing.terms
+        org, project, user = standing.levels
+        body.update(
+            position=standing.position, priority=standing.priority,
+            terms={"priority_class": terms.class_rank, "fair_share": terms.fair_share, "size": terms.size,
+                   "age": terms.age, "response_ratio": terms.response_ratio},
+            fair_share={"factor": standing.fair_share_factor, "org": _level(org),
+                        "project": _level(project), "user": _level(user)},
+            wall_seconds=standing.wall_seconds, waited_seconds=standing.waited_seconds,
+        )
+    return JobPrioritySerializer(body).data

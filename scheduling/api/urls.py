@@ -2,10 +2,11 @@
 
 from django.urls import path
 
-from scheduling.api.views import JobCancelView, JobDetailView, JobListCreateView
+from scheduling.api.views import JobCancelView, JobDetailView, JobListCreateView, JobPriorityView
 
 urlpatterns = [
     path("jobs", JobListCreateView.as_view(), name="jobs"),
     path("jobs/<int:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<int:job_id>/priority", JobPriorityView.as_view(), name="job-priority"),
 ]

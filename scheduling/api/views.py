@@ -24,12 +24,15 @@ from config.api.serializers import validated
 from scheduling.api.serializers import (
     JobDetailSerializer,
     JobListQuerySerializer,
+    JobPrioritySerializer,
     JobSerializer,
     JobSubmitSerializer,
     render_hold_summary,
+    render_job_priority,
     render_new_job,
 )
 from scheduling.models import Job
+from scheduling.selectors import job_standing
 from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
 from scheduling.services.submission_sql import enabled as submission_in_sql
@@ -148,6 +151,21 @@ class JobDetailView(GenericAPIView):
     def get(self, request: Request, job_id: int) -> Response:
         job = get_visible_job(request.user, job_id)
         return Response(JobDetailSerializer(job).data)
+
+
+class JobPriorityView(GenericAPIView):
+    serializer_class = JobPrioritySerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(
+        operation_id="jobs_priority", responses=JobPrioritySerializer,
+        description="A queued job's place in the queue and its priority term by term (class, fair "
+        "share with the org/project/user levels behind it, size, age), as the next scheduling pass "
+        "orders it. 409 `job-not-queued` for a job in any other state.",
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_visible_job(request.user, job_id)
+        return Response(render_job_priority(job_standing(job)))
 
 
 class JobCancelView(GenericAPIView):

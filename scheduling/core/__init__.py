@@ -4,7 +4,14 @@ See docs/scheduler.md for the policy, the reason codes and how an adapter applie
 """
 
 from scheduling.core.decisions import Decision, Place, Preempt, Reservation, Result, Skip
-from scheduling.core.fairshare import DecayingUsage, fair_tree_factors, job_priority, size_factor
+from scheduling.core.fairshare import (
+    DecayingUsage,
+    Level,
+    PriorityTerms,
+    fair_tree_factors,
+    job_priority,
+    size_factor,
+)
 from scheduling.core.model import (
     DEFAULT_PRIORITY_CLASSES,
     Allocation,
@@ -19,7 +26,8 @@ from scheduling.core.model import (
     Snapshot,
     Usage,
 )
-from scheduling.core.scheduler import schedule
+from scheduling.core.scheduler import queue_order, schedule
+from scheduling.core.standing import Standing
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
@@ -28,11 +36,13 @@ __all__ = [
     "DecayingUsage",
     "Decision",
     "GpuType",
+    "Level",
     "Node",
     "PendingJob",
     "Place",
     "Preempt",
     "PriorityClass",
+    "PriorityTerms",
     "Quotas",
     "Reservation",
     "Result",
@@ -40,9 +50,11 @@ __all__ = [
     "Shares",
     "Skip",
     "Snapshot",
+    "Standing",
     "Usage",
     "fair_tree_factors",
     "job_priority",
+    "queue_order",
     "schedule",
     "size_factor",
 ]

@@ -7,7 +7,15 @@ from collections import defaultdict
 from scheduling.core import reasons
 from scheduling.core.backfill import Release, earliest_start, releases_by_type
 from scheduling.core.decisions import Place, Preempt, Reservation, Result, Skip
-from scheduling.core.fairshare import fair_tree_factors, job_priority, priority_value
+from scheduling.core.fairshare import (
+    Level,
+    PriorityTerms,
+    fair_tree_factors,
+    job_priority,
+    priority_terms,
+    priority_value,
+    tree_levels,
+)
 from scheduling.core.model import (
     Allocation,
     PendingJob,
@@ -17,6 +25,7 @@ from scheduling.core.model import (
 )
 from scheduling.core.placement import FleetState
 from scheduling.core.preemption import Plan, VictimIndex
+from scheduling.core.standing import Standing
 
 # Unknown class names rank below every configured class and cannot preempt.
 _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
@@ -29,6 +38,33 @@ _NO_FREE_GANG = "no free gang of GPUs"
 def schedule(snapshot: Snapshot) -> Result:
     """Run one scheduling pass. Every pending job gets exactly one Place or Skip, in priority order."""
     return _Pass(snapshot).run()
+
+
+def queue_order(snapshot: Snapshot) -> list[Standing]:
+    """The pending jobs in the order the next pass would consider them, each with its priority
+    explained. Nothing is placed. Under the FIFO policies the order is by submission and every
+    term is 0."""
+    p = _Pass(snapshot)
+    order = p.ordered()
+    levels = tree_levels(p.fs, snapshot.usage, snapshot.shares) if p.fair else {}
+    standings = []
+    for position, job in enumerate(order, start=1):
+        user = (job.org_id, job.project_id, job.user_id)
+        wall = p.queue_wall(job)
+        waited = max(p.now - job.submitted_at - job.run_seconds, 0.0)
+        if p.fair:
+            fs = p.fs[user]
+            rank = p.cls(job.priority_class).rank
+            terms = priority_terms(rank, fs, job.gpu_count, wall, waited, p.cfg)
+            prio = p.prio[job.id]
+            standings.append(Standing(job.id, position, prio, terms, fs, levels[user], wall, waited))
+        else:
+            standings.append(Standing(job.id, position, 0.0, _NO_TERMS, 0.0, _NO_PATH, wall, waited))
+    return standings
+
+
+_NO_TERMS = PriorityTerms(0, 0.0, 0.0, 0.0, 0.0)
+_NO_PATH = (Level(0.0, 0.0),) * 3
 
 
 class _Pass:

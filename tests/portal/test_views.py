@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
@@ -10,6 +11,7 @@ from django.urls import reverse
 
 from ledger.selectors import balance_breakdown
 from portal.templatetags.portal_money import credits
+from scheduling.models import Job, JobState
 from tests.portal.conftest import World
 
 pytestmark = pytest.mark.django_db
@@ -110,6 +112,23 @@ def test_jobs_show_state_and_why_they_wait(world: World) -> None:
     assert row
     assert "Queued" in row.group(1)
     assert "<code>quota_exceeded</code> org quota of 2 H100 in use" in row.group(1)
+
+
+def test_a_queued_job_shows_where_it_stands_in_the_queue(world: World) -> None:
+    ahead = Job.objects.create(  # same class, submitted earlier: considered first
+        org=world.acme, project=world.vision, user=world.dave, name="ahead", gpu_types=["H100"], gpu_count=1,
+        max_wall_seconds=3600, priority_class=world.job.priority_class, state=JobState.QUEUED,
+        submitted_at=world.job.submitted_at - timedelta(hours=5),
+    )
+    world.job.state = JobState.QUEUED
+    world.job.save()
+    html = _client(world.alice).get("/").content.decode()
+    row = re.search(rf'<tr data-job="{world.job.id}">(.*?)</tr>', html, re.S)
+    assert row and "#2 of 2 in the queue" in row.group(1)
+    ahead.state = JobState.CANCELLED
+    ahead.save()
+    html = _client(world.alice).get("/").content.decode()
+    assert "#1 of 1 in the queue" in html
 
 
 @pytest.mark.parametrize(("who", "status"), [("alice", 403), ("dave", 403), ("bob", 200), ("carol", 200)])

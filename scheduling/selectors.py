@@ -1,0 +1,110 @@
+"""Reads for the API: a queued job's place in the queue and its priority explained.
+
+The whole queue is ordered by the core's own `queue_order` on a fresh snapshot (what the next
+pass would walk), so the answer cannot drift from the scheduler. Ordering 10,000 pending jobs
+costs about a pass's load plus a sort (docs/benchmarks.md, "queue view"), so one ordering serves
+every caller for `SCHEDULER_QUEUE_VIEW_SECONDS` (default 5, the tick). It is cached in
+`BUCKETS` entries by job id under a version, plus a small current-version entry: a read fetches
+two entries and unpickles 1/64 of the queue instead of all of it, and a write is 65 entries, not
+one per job (10,000 separate entries took longer to write than the ordering itself). A queued job
+missing from it (submitted or re-queued since) orders the queue afresh.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.core.cache import cache
+
+from config.clock import db_now
+from config.errors import DomainError
+from scheduling import core
+from scheduling.adapter.snapshot import load_snapshot
+from scheduling.models import Job, JobState
+
+CURRENT_KEY = "scheduling:queue-view:current"  # (version, computed_at, queue length)
+DEFAULT_CACHE_SECONDS = 5.0
+BUCKETS = 64
+
+
+class JobNotQueued(DomainError):
+    """Only a queued job has a place in the queue."""
+
+    type = "job-not-queued"
+    status = 409
+    title = "The job is not queued"
+
+
+def cache_seconds() -> float:
+    return float(getattr(settings, "SCHEDULER_QUEUE_VIEW_SECONDS", DEFAULT_CACHE_SECONDS))
+
+
+def _bucket_key(version: str, job_id: int) -> str:
+    return f"scheduling:queue-view:{version}:{job_id % BUCKETS}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobStanding:
+    """One queued job's answer: its standing, or None while it waits out a retry backoff (the
+    pass does not consider it until `not_before`)."""
+
+    job: Job
+    computed_at: datetime
+    queue_length: int
+    standing: core.Standing | None
+
+
+def order_queue() -> tuple[datetime, dict[int, core.Standing]]:
+    """Order the queue now and publish it to the cache (entries first, then the version)."""
+    now = db_now()
+    standings = {s.job_id: s for s in core.queue_order(load_snapshot(now=now).snapshot)}
+    seconds = cache_seconds()
+    if seconds > 0:
+        version = uuid.uuid4().hex
+        buckets: dict[str, dict[int, core.Standing]] = {_bucket_key(version, b): {} for b in range(BUCKETS)}
+        for job_id, standing in standings.items():
+            buckets[_bucket_key(version, job_id)][job_id] = standing
+        cache.set_many(buckets, timeout=seconds)
+        cache.set(CURRENT_KEY, (version, now, len(standings)), timeout=seconds)
+    return now, standings
+
+
+@dataclass(frozen=True, slots=True)
+class Standings:
+    """Queued jobs' standings from one ordering (None: in retry backoff, not considered yet)."""
+
+    computed_at: datetime
+    queue_length: int
+    by_job: dict[int, core.Standing | None]
+
+
+def standings_of(jobs: list[Job]) -> Standings:
+    """The standings of these queued jobs: two cache reads while an ordering is current, else
+    (or when one of them is missing from it, not in backoff) a fresh ordering."""
+    now = db_now()
+    current = cache.get(CURRENT_KEY) if cache_seconds() > 0 else None
+    if current is not None:
+        version, computed_at, length = current
+        keys = {job.pk: _bucket_key(version, job.pk) for job in jobs}
+        buckets = cache.get_many(set(keys.values()))
+        found = {job.pk: buckets.get(keys[job.pk], {}).get(job.pk) for job in jobs}
+        if all(found[job.pk] is not None or _in_backoff(job, now) for job in jobs):
+            return Standings(computed_at, length, found)
+    computed_at, standings = order_queue()
+    return Standings(computed_at, len(standings), {job.pk: standings.get(job.pk) for job in jobs})
+
+
+def _in_backoff(job: Job, now: datetime) -> bool:
+    return job.not_before is not None and job.not_before > now
+
+
+def job_standing(job: Job) -> JobStanding:
+    if job.state != JobState.QUEUED:
+        raise JobNotQueued(
+            f"Job {job.pk} is {job.state}; only a queued job has a place in the queue.", job_id=job.pk
+        )
+    found = standings_of([job])
+    return JobStanding(job, found.computed_at, found.queue_length, found.by_job[job.pk])

@@ -1,0 +1,108 @@
+"""GET /api/v1/jobs/{id}/priority: a queued job's place in the queue and its priority term by term."""
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ledger.models import MICRO
+from scheduling.models import Job, JobState, PriorityClass
+from scheduling.selectors import CURRENT_KEY
+from tests.api.conftest import client_for
+from tests.api.factories import Tenant, make_tenant
+from tests.api.test_jobs_submit import post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_queue() -> Iterator[None]:
+    cache.delete(CURRENT_KEY)  # orderings are not cached in tests (config.settings.test) unless asked
+    yield
+    cache.delete(CURRENT_KEY)
+
+
+def submit(api: APIClient, job_body: Callable, **overrides: Any) -> int:
+    response = post(api, job_body(**overrides))
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def priority(api: APIClient, job_id: int) -> dict[str, Any]:
+    response = api.get(f"/api/v1/jobs/{job_id}/priority")
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def test_positions_follow_class_then_the_terms_add_up(
+    api: APIClient, job_body: Callable, tenant: Tenant
+) -> None:
+    other = make_tenant(funds=1000 * MICRO)
+    other_api = client_for(other.user)
+    batch = submit(api, job_body, priority_class="batch")
+    standard = submit(api, job_body, priority_class="standard")
+    premium = submit(other_api, job_body, project=other.project.pk, priority_class="premium")
+
+    got = {job_id: priority(api, job_id) for job_id in (batch, standard)}
+    got[premium] = priority(other_api, premium)
+    assert [got[j]["position"] for j in (premium, standard, batch)] == [1, 2, 3]
+    for body in got.values():
+        assert body["queue_length"] == 3
+        assert sum(body["terms"].values()) == pytest.approx(body["priority"], abs=1e-9)
+        assert body["not_before"] is None and body["wait_reason"] == ""
+    assert got[batch]["priority_class"] == "batch" and got[batch]["terms"]["priority_class"] == 200
+    assert got[standard]["terms"]["priority_class"] == 300
+    # Nobody has used anything: every level is infinitely under-served (null) and shares are split.
+    fair = got[standard]["fair_share"]
+    assert fair["factor"] == 1.0
+    assert fair["org"] == {"share": 0.5, "usage": 0.0, "level_fair_share": None}  # two orgs queue
+    assert fair["project"]["share"] == fair["user"]["share"] == 1.0
+    assert got[standard]["wall_seconds"] == 3600.0 and got[standard]["waited_seconds"] >= 0.0
+
+
+def test_a_job_in_retry_backoff_has_no_position_yet(api: APIClient, job_body: Callable) -> None:
+    job_id = submit(api, job_body)
+    later = timezone.now() + timedelta(minutes=5)
+    Job.objects.filter(pk=job_id).update(not_before=later, wait_reason="backoff")
+    body = priority(api, job_id)
+    assert body["position"] is None and body["priority"] is None and body["terms"] is None
+    assert body["wait_reason"] == "backoff" and body["not_before"] is not None
+    assert body["queue_length"] == 0
+
+
+@pytest.mark.parametrize("state", [JobState.RUNNING, JobState.COMPLETED, JobState.CANCELLED])
+def test_a_job_that_is_not_queued_gets_409(api: APIClient, job_body: Callable, state: str) -> None:
+    job_id = submit(api, job_body)
+    Job.objects.filter(pk=job_id).update(state=state)
+    response = api.get(f"/api/v1/jobs/{job_id}/priority")
+    assert response.status_code == 409
+    problem = response.json()
+    assert problem["type"] == "job-not-queued"
+    assert problem["detail"] == f"Job {job_id} is {state}; only a queued job has a place in the queue."
+
+
+def test_another_tenants_job_is_404(api: APIClient, job_body: Callable) -> None:
+    other = make_tenant(funds=1000 * MICRO)
+    job_id = submit(client_for(other.user), job_body, project=other.project.pk)
+    assert api.get(f"/api/v1/jobs/{job_id}/priority").status_code == 404
+
+
+def test_the_ordering_is_cached_and_a_job_missing_from_it_refreshes_it(
+    api: APIClient, job_body: Callable, settings: Any
+) -> None:
+    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
+    first = submit(api, job_body, priority_class="batch")
+    second = submit(api, job_body, priority_class="standard")
+    assert priority(api, first)["position"] == 2
+    # Raised above the standard job (as an admin could); the cached ordering does not see it yet ...
+    Job.objects.filter(pk=first).update(priority_class=PriorityClass.objects.get(name="premium"))
+    assert priority(api, first)["position"] == 2
+    # ... but a job it does not hold (submitted since) orders the queue afresh, for everyone.
+    third = submit(api, job_body, priority_class="production")
+    fresh = priority(api, third)
+    assert (fresh["position"], fresh["queue_length"]) == (1, 3)
+    assert [priority(api, j)["position"] for j in (first, second)] == [2, 3]
