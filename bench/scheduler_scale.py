@@ -34,6 +34,7 @@ import django
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
@@ -201,6 +202,7 @@ def main() -> None:
     args = ap.parse_args()
     # The synthetic snapshot's clock is "now" so that ages and aging are realistic.
     snap = build_snapshot(pending=args.pending, nodes=args.nodes, now=time.time())
+    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 5.0  # the production default (the test settings turn it off)
     old = setup_databases(verbosity=0, interactive=False)
     try:
         t_fill = timed(lambda: populate(snap))

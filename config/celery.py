@@ -54,6 +54,11 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    "scheduling-cancel-orphaned-dependents": {
+        "task": "scheduling.tasks.cancel_orphaned_dependents",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
     # Metering (metering/tasks.py): progress captures and hold extensions, stranded holds, the
     # expiry sweep, nightly reconciliation. Expiry is shorter than any visibility timeout.
     "metering-charge-progress": {

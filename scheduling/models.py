@@ -156,6 +156,13 @@ TERMINAL_JOB_STATES = (
 )
 
 
+class Dependency(models.TextChoices):
+    """When a job with dependencies may start (Slurm's `--dependency`)."""
+
+    AFTER_OK = "afterok"  # every dependency completed; one that ends otherwise cancels this job
+    AFTER_ANY = "afterany"  # every dependency ended, however
+
+
 class Job(models.Model):
     """A training or inference job as submitted; runs as one or more attempts."""
 
@@ -192,6 +199,11 @@ class Job(models.Model):
     submitted_at = models.DateTimeField(db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Jobs that must end first (earlier jobs of the same org); "" = none. The one-statement
+    # submission (`jobs_submit`) never inserts a job with dependencies, hence the database default.
+    depends_on = models.ManyToManyField("self", symmetrical=False, related_name="dependents", blank=True)
+    dependency = models.CharField(max_length=16, choices=Dependency.choices, blank=True, default="",
+                                  db_default="")
 
     class Meta:
         constraints = [

@@ -23,6 +23,7 @@ from config.clock import db_now
 from config.errors import DomainError
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
+from scheduling.core import reasons
 from scheduling.models import Job, JobState
 
 CURRENT_KEY = "scheduling:queue-view:current"  # (version, computed_at, queue length)
@@ -48,8 +49,8 @@ def _bucket_key(version: str, job_id: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JobStanding:
-    """One queued job's answer: its standing, or None while it waits out a retry backoff (the
-    pass does not consider it until `not_before`)."""
+    """One queued job's answer: its standing, or None while the pass does not consider it (a
+    retry backoff until `not_before`, or dependencies not met)."""
 
     job: Job
     computed_at: datetime
@@ -91,14 +92,15 @@ def standings_of(jobs: list[Job]) -> Standings:
         keys = {job.pk: _bucket_key(version, job.pk) for job in jobs}
         buckets = cache.get_many(set(keys.values()))
         found = {job.pk: buckets.get(keys[job.pk], {}).get(job.pk) for job in jobs}
-        if all(found[job.pk] is not None or _in_backoff(job, now) for job in jobs):
+        if all(found[job.pk] is not None or _not_offered(job, now) for job in jobs):
             return Standings(computed_at, length, found)
     computed_at, standings = order_queue()
     return Standings(computed_at, len(standings), {job.pk: standings.get(job.pk) for job in jobs})
 
 
-def _in_backoff(job: Job, now: datetime) -> bool:
-    return job.not_before is not None and job.not_before > now
+def _not_offered(job: Job, now: datetime) -> bool:
+    """Not in the scheduler's queue yet: in retry backoff, or waiting for its dependencies."""
+    return (job.not_before is not None and job.not_before > now) or job.wait_reason == reasons.DEPENDENCY
 
 
 def job_standing(job: Job) -> JobStanding:

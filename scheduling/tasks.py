@@ -43,6 +43,14 @@ def fund_waiting_jobs() -> int:
     return fund()
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def cancel_orphaned_dependents() -> int:
+    """Cancel queued afterok jobs whose dependency ended unsuccessfully (backstop of the cascade)."""
+    from scheduling.services.lifecycle import cancel_orphaned_dependents as sweep
+
+    return sweep()
+
+
 def schedule_soon(*, trigger: str = "soon") -> None:
     """Ask for an early pass once the current transaction commits (submission, finish, cancel).
 

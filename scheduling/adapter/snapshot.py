@@ -40,6 +40,7 @@ from scheduling.models import (
     PriorityClass,
     Quota,
 )
+from scheduling.services import dependencies
 
 LIVE = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
 # Usage older than this many half-lives weighs < 1/32 and is left out of the aggregate.
@@ -237,12 +238,14 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     live = list(JobAttempt.objects.filter(state__in=LIVE).values_list(
         "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
-        "stop_requested_at", "job__submitted_at", "job__attempt_count",
+        "stop_requested_at", "job__submitted_at", "job__attempt_count", "job__dependency",
     ).order_by("id"))
-    before = earlier_attempts(row[1] for row in live if row[-1] > 1)
+    before = earlier_attempts(row[1] for row in live if row[-2] > 1)
+    eligible_at = dependencies.last_ended(row[1] for row in live if row[-1])
     for row in live:
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
-         started, scheduled, wall, stop_at, submitted, _attempts) = row
+         started, scheduled, wall, stop_at, submitted, _attempts, _dependency) = row
+        eligible = eligible_at.get(job_id)
         orgs[attempt_id] = org_id
         earlier = before.get(job_id, _NONE_BEFORE)
         running.append(
@@ -261,8 +264,9 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 started_at=epoch(started or scheduled),
                 max_wall_seconds=float(wall),
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
-                # The core's victim rule compares queue positions, i.e. submission times.
-                submitted_at=epoch(submitted),
+                # The core's victim rule compares queue positions, i.e. submission times (or,
+                # for a job with dependencies, when the last one ended, as in the queue).
+                submitted_at=epoch(max(submitted, eligible) if eligible else submitted),
                 prior_run_seconds=earlier.ran_seconds,
                 times_preempted=earlier.preempted,
             )
@@ -282,15 +286,21 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
             "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
-            "current_hold__released",
+            "current_hold__released", "dependency",
         )
         .order_by("submitted_at", "id")
     )
+    with_dependencies = [row[0] for row in queued if row[-1]]
+    if with_dependencies:  # offered only once they are met (docs/api.md, "Dependencies")
+        blocked = dependencies.unmet_among(with_dependencies)
+        queued = [row for row in queued if row[0] not in blocked]
     before = earlier_attempts(row[0] for row in queued if row[14] > 0)  # attempt_count
+    eligible_at = dependencies.last_ended(row[0] for row in queued if row[-1])
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
-         released) = row
+         released, _dependency) = row
+        eligible = eligible_at.get(job_id)
         jobs.append(
             core.PendingJob(
                 id=job_id,
@@ -300,7 +310,8 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 priority_class=klass,
                 gpu_count=gpus,
                 max_wall_seconds=float(wall),
-                submitted_at=epoch(submitted),
+                # Aging starts when the job could first run: after its last dependency ended.
+                submitted_at=epoch(max(submitted, eligible) if eligible else submitted),
                 gpu_types=tuple(types or ()),
                 gpu_memory_gb=memory,
                 preemptible=preemptible,

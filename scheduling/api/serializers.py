@@ -11,7 +11,8 @@ from config.api.serializers import (
     StrictSerializer,
 )
 from ledger.models import Hold
-from scheduling.models import Job, JobAttempt
+from scheduling.models import Dependency, Job, JobAttempt
+from scheduling.services.dependencies import MAX_DEPENDENCIES
 
 MAX_GPU_COUNT = 1024
 MAX_GPU_TYPES = 8  # acceptable types per job; the schema states this limit whatever the fleet holds
@@ -39,6 +40,16 @@ class JobSubmitSerializer(StrictSerializer):
     regions = serializers.ListField(
         child=StrictCharField(min_length=1, max_length=32), required=False, max_length=16, default=list
     )
+    depends_on = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=2**53), required=False, max_length=MAX_DEPENDENCIES,
+        default=list,
+        help_text="Earlier jobs of the same organization that must end before this one may start.",
+    )
+    dependency = serializers.ChoiceField(
+        choices=Dependency.choices, required=False, default=Dependency.AFTER_OK,
+        help_text="afterok: every dependency must complete (one that fails, is cancelled or times "
+        "out cancels this job); afterany: every dependency must end, however.",
+    )
 
 
 class HoldSummarySerializer(serializers.ModelSerializer):
@@ -65,14 +76,20 @@ class JobSerializer(serializers.ModelSerializer):
     org = serializers.IntegerField(source="org_id", read_only=True)
     user = serializers.IntegerField(source="user_id", read_only=True)
     hold = HoldSummarySerializer(source="current_hold", read_only=True, allow_null=True)
+    depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    dependency = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
-                  "regions", "wait_reason", "wait_detail", "end_reason", "estimate", "hold",
-                  "attempt_count", "submitted_at", "updated_at", "finished_at"]
+                  "regions", "depends_on", "dependency", "wait_reason", "wait_detail", "end_reason",
+                  "estimate", "hold", "attempt_count", "submitted_at", "updated_at", "finished_at"]
         read_only_fields = fields
+
+    def get_dependency(self, job: Job) -> str | None:
+        """`afterok` / `afterany`; null for a job without dependencies."""
+        return job.dependency or None
 
 
 class JobDetailSerializer(JobSerializer):
@@ -118,7 +135,9 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "gpu_count": int(job.gpu_count), "gpu_memory_gb": int(job.gpu_memory_gb),
         "max_wall_seconds": int(job.max_wall_seconds), "priority_class": str(job.priority_class.name),
         "preemptible": bool(job.preemptible), "command": str(job.command), "regions": job.regions,
-        "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
+        "depends_on": [other.pk for other in job._prefetched_objects_cache["depends_on"]],
+        "dependency": str(job.dependency) or None, "wait_reason": str(job.wait_reason),
+        "wait_detail": str(job.wait_detail),
         "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
         "attempt_count": int(job.attempt_count), "submitted_at": _when(job.submitted_at),
         "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],

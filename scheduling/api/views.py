@@ -45,8 +45,10 @@ _JOB_SUBMIT.fields  # noqa: B018 (build the fields now, not racing on first use)
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
-    return Job.objects.filter(project__in=visible_projects(user)).select_related(
-        "priority_class", "current_hold"
+    return (
+        Job.objects.filter(project__in=visible_projects(user))
+        .select_related("priority_class", "current_hold")
+        .prefetch_related("depends_on")
     )
 
 
@@ -102,7 +104,8 @@ class JobListCreateView(GenericAPIView):
             name=data["name"], gpu_types=tuple(data["gpu_types"]), gpu_count=data["gpu_count"],
             gpu_memory_gb=data["gpu_memory_gb"], max_wall_seconds=data["max_wall_seconds"],
             priority_class=data["priority_class"], preemptible=data.get("preemptible"),
-            command=data["command"], regions=tuple(data["regions"]),
+            command=data["command"], regions=tuple(data["regions"]), depends_on=tuple(data["depends_on"]),
+            dependency=data["dependency"],
         )
 
         body: dict[str, Any] = {}

@@ -13,6 +13,7 @@ PLACED = "placed"
 BACKFILLED = "backfilled"
 PREEMPTED_FOR_PRIORITY = "preempted-for-priority"
 PREEMPTED_FOR_QUOTA = "preempted-for-quota"  # by a higher-class job of its own org/project at quota
+DEPENDENCY_FAILED = "dependency-failed"  # end reason: an afterok dependency ended unsuccessfully
 
 QUOTA = "quota"
 RESOURCES = "resources"
@@ -21,6 +22,7 @@ BUDGET = "budget"
 NO_MATCHING_GPU_TYPE = "no-matching-gpu-type"
 WAITING_FOR_PREEMPTION = "waiting-for-preemption"
 BACKOFF = "backoff"  # set by the lifecycle, not the core: requeued after a lost node, retry not before T
+DEPENDENCY = "dependency"  # set at submission, not the core: waits for the jobs it depends on to end
 RESERVED_PREFIX = "reserved-for-job-"
 
 
@@ -30,7 +32,7 @@ def reserved_for(job_id: int) -> str:
 
 
 WAIT_REASONS: frozenset[str] = frozenset(
-    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF}
+    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF, DEPENDENCY}
 )
 
 

@@ -13,6 +13,7 @@ scheduler's own decision, so it neither counts as a retry nor backs off.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from scheduling.models import (
     JobAttempt,
     JobState,
 )
+from scheduling.services import dependencies
 
 S = JobState
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -148,7 +150,48 @@ def transition(
         setattr(job, name, value)
     job.state = to
     job.updated_at = now
+    if to in dependencies.UNSUCCESSFUL:
+        # After the commit, in transactions of their own: the ending transaction may already hold
+        # the org's ledger rows, and locking a dependent's job row after them would invert the
+        # lock order (job before ledger rows) of a concurrent cancel of that dependent.
+        transaction.on_commit(partial(cancel_dependents, job_id=job.pk, ended=to), robust=True)
     return job
+
+
+def cancel_dependents(*, job_id: int, ended: str) -> int:
+    """Cancel the queued `afterok` jobs waiting for a job that ended unsuccessfully (their
+    dependency can never be met) and release their holds, each in its own transaction; each
+    cancellation cascades to the jobs waiting for it in turn. Returns how many. A failure here
+    (a crash, say) is made good by `cancel_orphaned_dependents`."""
+    cancelled = 0
+    for dependent_id in dependencies.waiting_afterok(job_id):
+        with transaction.atomic():
+            cancelled += _cancel_for_dependency(dependent_id=dependent_id, dependency_id=job_id, ended=ended)
+    return cancelled
+
+
+def _cancel_for_dependency(*, dependent_id: int, dependency_id: int, ended: str) -> int:
+    job = _lock_job(dependent_id)
+    if job.state != S.QUEUED:  # started or ended meanwhile: nothing to cancel
+        return 0
+    if job.current_hold_id is not None:
+        _release_whole_hold(hold_id=job.current_hold_id, key=f"job:{job.pk}:dependency-failed", actor=None)
+    transition(job, S.CANCELLED, reason_code=reasons.DEPENDENCY_FAILED, end_reason=reasons.DEPENDENCY_FAILED,
+               wait_reason="", wait_detail="", data={"dependency": dependency_id, "dependency_state": ended})
+    return 1
+
+
+def cancel_orphaned_dependents() -> int:
+    """Beat: cancel queued `afterok` jobs whose dependency ended unsuccessfully but which the
+    cascade above missed (submitted while it ran, or it did not run). Each in its own transaction."""
+    cancelled = 0
+    for dependent_id, dependency_id in dependencies.orphaned_afterok():
+        with transaction.atomic():
+            ended = Job.objects.filter(pk=dependency_id).values_list("state", flat=True).get()
+            cancelled += _cancel_for_dependency(
+                dependent_id=dependent_id, dependency_id=dependency_id, ended=ended
+            )
+    return cancelled
 
 
 @transaction.atomic

@@ -17,8 +17,9 @@ from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
 from ledger.services import CallerEvent
-from scheduling.models import Job, JobAttempt, JobState, PriorityClass
+from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
+from scheduling.services import dependencies
 from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class JobSpec:
     preemptible: bool | None = None  # None: the priority class decides
     command: str = ""
     regions: tuple[str, ...] = field(default_factory=tuple)
+    depends_on: tuple[int, ...] = ()  # earlier jobs of the same org that must end first
+    dependency: str = Dependency.AFTER_OK  # how they must end (read only with `depends_on`)
 
 
 def validate_spec(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
@@ -211,10 +214,18 @@ def submit_job(
     job.org = project.org
     seconds = hold_seconds(job)
     job.estimate = amount = hold_amount(gpu_types=types, gpu_count=spec.gpu_count, seconds=seconds, at=now)
+    after = dependencies.check(user=user, project=project, spec=spec) if spec.depends_on else None
+    if after is not None:
+        job.dependency = spec.dependency
+        job.wait_reason, job.wait_detail = after.wait_reason, after.wait_detail
     _insert(job)
+    if after is not None:
+        dependencies.record(job=job, depends_on=after.job_ids)
     # The serializer needs the class's name, and a new job has no attempts: no reads for them.
     job.priority_class = PriorityClass(id=cls.id, name=cls.name, preemptible=cls.preemptible)
-    job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+    job._prefetched_objects_cache = {
+        "attempts": JobAttempt.objects.none(), "depends_on": list(after.jobs) if after else [],
+    }
     if on_inserted is not None:
         on_inserted(job)
     # One audit event for the submission and its hold: `sched.job.submit` carries the ledger

@@ -77,7 +77,7 @@ def submit_job_in_sql(
     A claim that waited out `IDEMPOTENCY_LOCK_WAIT_MS` raises (SQLSTATE 55P03) for the caller's
     idempotency layer to answer "in flight".
     """
-    if not can_submit(user, project):
+    if not can_submit(user, project) or spec.depends_on:  # dependencies: the Python path
         return None
     try:
         snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
@@ -119,7 +119,7 @@ def submit_job_in_sql(
     job.pk, job.submitted_at, job.updated_at = job_id, now, now
     job._state.adding, job._state.db = False, DEFAULT_DB_ALIAS
     job.priority_class = PriorityClass(id=cls.id, name=cls.name, preemptible=cls.preemptible)
-    job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none()}
+    job._prefetched_objects_cache = {"attempts": JobAttempt.objects.none(), "depends_on": []}
     reference = f"job:{job_id}"
     hold = Hold.from_db(DEFAULT_DB_ALIAS, None, (
         hold_id, project.org_id, project.pk, user.pk, f"{reference}:submit", reference, hold_types,

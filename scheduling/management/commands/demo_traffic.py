@@ -2,7 +2,8 @@
 
 Jobs go through the same submission service as the API (holds, budgets, audit). Commands are short
 sleeps so the fake fleet runs them to completion; a few are larger gang or high-priority jobs so
-backfill and preemption show up on the dashboard.
+backfill and preemption show up on the dashboard, and some standard jobs are followed by an
+evaluation job that depends on them (afterok), so dependencies show up too.
 """
 
 import random
@@ -60,7 +61,18 @@ class Command(BaseCommand):
                     idempotency_key=f"demo-{uuid.uuid4()}",
                 )
                 self.stdout.write(f"submitted job {job.pk} {spec.name} for {member.project}")
+                if cls == "standard" and rng.random() < 0.3:  # a pipeline: evaluate once it completes
+                    self._submit_eval(member, job.pk, rng)
             except DomainError as error:
                 self.stdout.write(f"rejected {spec.name} for {member.project}: {error.detail}")
             submitted += 1
             time.sleep(options["every"])
+
+    def _submit_eval(self, member: Any, after: int, rng: random.Random) -> None:
+        seconds = rng.randint(3, 10)
+        spec = JobSpec(name=f"demo-eval-after-{after}", gpu_types=("L4", "A100"), gpu_count=1,
+                       max_wall_seconds=seconds * 3, priority_class="standard", command=f"sleep {seconds}",
+                       depends_on=(after,))
+        job = submit_job(user=member.user, project=member.project, spec=spec,
+                         idempotency_key=f"demo-{uuid.uuid4()}")
+        self.stdout.write(f"submitted job {job.pk} {spec.name} (afterok {after})")
