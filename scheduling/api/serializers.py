@@ -174,8 +174,9 @@ class JobPrioritySerializer(serializers.Serializer):
     computed_at = serializers.DateTimeField(help_text="When the queue was ordered (cached a few seconds).")
     position = serializers.IntegerField(
         allow_null=True,
-        help_text="1 = the first job the next pass considers; null while the job waits out a retry "
-        "backoff. Jobs further back may still start first, by backfill or on other GPU types.",
+        help_text="1 = the first job the next pass considers; null while the pass does not consider "
+        "it (a retry backoff, or dependencies not met). Jobs further back may still start first, by "
+        "backfill or on other GPU types.",
     )
     queue_length = serializers.IntegerField(help_text="Jobs the next pass considers.")
     not_before = serializers.DateTimeField(allow_null=True, help_text="End of a retry backoff, if any.")

@@ -106,3 +106,10 @@ def test_the_ordering_is_cached_and_a_job_missing_from_it_refreshes_it(
     fresh = priority(api, third)
     assert (fresh["position"], fresh["queue_length"]) == (1, 3)
     assert [priority(api, j)["position"] for j in (first, second)] == [2, 3]
+
+
+def test_a_job_waiting_for_its_dependencies_has_no_position(api: APIClient, job_body: Callable) -> None:
+    first = submit(api, job_body)
+    second = submit(api, job_body, depends_on=[first])
+    body = priority(api, second)
+    assert (body["position"], body["wait_reason"], body["queue_length"]) == (None, "dependency", 1)
