@@ -8,10 +8,17 @@ every caller for `SCHEDULER_QUEUE_VIEW_SECONDS` (default 5, the tick). It is cac
 two entries and unpickles 1/64 of the queue instead of all of it, and a write is 65 entries, not
 one per job (10,000 separate entries took longer to write than the ordering itself). A queued job
 missing from it (submitted or re-queued since) orders the queue afresh.
+
+An ordering past its freshness is kept `STALE_FACTOR` times as long: the first caller to find it
+stale claims the refresh (`cache.add`, one at a time) and orders the queue; the callers meanwhile
+are answered from the stale ordering instead of all ordering the queue at once (stale while
+revalidate: a 10,000-job queue costs ~1 s to order, and a burst of page loads would otherwise
+each pay it).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,8 +33,10 @@ from scheduling.adapter.snapshot import load_snapshot
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
 
-CURRENT_KEY = "scheduling:queue-view:current"  # (version, computed_at, queue length)
+CURRENT_KEY = "scheduling:queue-view:current"  # (version, computed_at, queue length, fresh until)
+REFRESH_KEY = "scheduling:queue-view:refreshing"  # held by the one caller ordering the queue again
 DEFAULT_CACHE_SECONDS = 5.0
+STALE_FACTOR = 3
 BUCKETS = 64
 
 
@@ -68,8 +77,9 @@ def order_queue() -> tuple[datetime, dict[int, core.Standing]]:
         buckets: dict[str, dict[int, core.Standing]] = {_bucket_key(version, b): {} for b in range(BUCKETS)}
         for job_id, standing in standings.items():
             buckets[_bucket_key(version, job_id)][job_id] = standing
-        cache.set_many(buckets, timeout=seconds)
-        cache.set(CURRENT_KEY, (version, now, len(standings)), timeout=seconds)
+        kept = seconds * STALE_FACTOR
+        cache.set_many(buckets, timeout=kept)
+        cache.set(CURRENT_KEY, (version, now, len(standings), time.time() + seconds), timeout=kept)
     return now, standings
 
 
@@ -87,14 +97,23 @@ def standings_of(jobs: list[Job]) -> Standings:
     (or when one of them is missing from it, not in backoff) a fresh ordering."""
     now = db_now()
     current = cache.get(CURRENT_KEY) if cache_seconds() > 0 else None
+    claimed = False
     if current is not None:
-        version, computed_at, length = current
+        version, computed_at, length, fresh_until = current
         keys = {job.pk: _bucket_key(version, job.pk) for job in jobs}
         buckets = cache.get_many(set(keys.values()))
         found = {job.pk: buckets.get(keys[job.pk], {}).get(job.pk) for job in jobs}
         if all(found[job.pk] is not None or _not_offered(job, now) for job in jobs):
-            return Standings(computed_at, length, found)
-    computed_at, standings = order_queue()
+            if time.time() < fresh_until:
+                return Standings(computed_at, length, found)
+            claimed = cache.add(REFRESH_KEY, 1, timeout=60)
+            if not claimed:  # another caller is ordering the queue: the stale answer meanwhile
+                return Standings(computed_at, length, found)
+    try:
+        computed_at, standings = order_queue()
+    finally:
+        if claimed:
+            cache.delete(REFRESH_KEY)
     return Standings(computed_at, len(standings), {job.pk: standings.get(job.pk) for job in jobs})
 
 

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from ledger.models import MICRO
 from scheduling.models import Job, JobState, PriorityClass
-from scheduling.selectors import CURRENT_KEY
+from scheduling.selectors import CURRENT_KEY, REFRESH_KEY
 from tests.api.conftest import client_for
 from tests.api.factories import Tenant, make_tenant
 from tests.api.test_jobs_submit import post
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _no_cached_queue() -> Iterator[None]:
-    cache.delete(CURRENT_KEY)  # orderings are not cached in tests (config.settings.test) unless asked
+    cache.delete_many([CURRENT_KEY, REFRESH_KEY])  # not cached in tests (config.settings.test) unless asked
     yield
-    cache.delete(CURRENT_KEY)
+    cache.delete_many([CURRENT_KEY, REFRESH_KEY])
 
 
 def submit(api: APIClient, job_body: Callable, **overrides: Any) -> int:
@@ -113,3 +113,27 @@ def test_a_job_waiting_for_its_dependencies_has_no_position(api: APIClient, job_
     second = submit(api, job_body, depends_on=[first])
     body = priority(api, second)
     assert (body["position"], body["wait_reason"], body["queue_length"]) == (None, "dependency", 1)
+
+
+def _make_stale() -> None:
+    version, computed_at, length, _fresh_until = cache.get(CURRENT_KEY)
+    cache.set(CURRENT_KEY, (version, computed_at, length, 0.0), timeout=60)
+
+
+def test_a_stale_ordering_is_refreshed_by_one_caller_and_served_to_the_others(
+    api: APIClient, job_body: Callable, settings: Any
+) -> None:
+    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
+    first = submit(api, job_body, priority_class="batch")
+    second = submit(api, job_body, priority_class="standard")
+    assert priority(api, first)["position"] == 2
+    Job.objects.filter(pk=first).update(priority_class=PriorityClass.objects.get(name="premium"))
+    _make_stale()
+    cache.add(REFRESH_KEY, 1, timeout=60)  # another caller is refreshing it right now
+    try:
+        assert priority(api, first)["position"] == 2  # the stale answer, no second ordering
+    finally:
+        cache.delete(REFRESH_KEY)
+    assert priority(api, first)["position"] == 1  # stale and unclaimed: this caller refreshes
+    assert cache.get(REFRESH_KEY) is None  # and lets go of the claim
+    assert priority(api, second)["position"] == 2
