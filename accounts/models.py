@@ -84,6 +84,9 @@ class Project(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["org", "slug"], name="project_slug_unique_in_org"),
+            # The target of composite foreign keys (project, org) from rows that carry both, so
+            # the database, not only forms, keeps them in the same org (scheduling_quota).
+            models.UniqueConstraint(fields=["id", "org"], name="project_id_org_unique"),
             models.CheckConstraint(
                 condition=Q(fair_share_weight__gt=0),
                 name="project_fair_share_weight_positive",

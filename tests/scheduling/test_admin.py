@@ -4,10 +4,12 @@ within their org."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -83,6 +85,32 @@ def test_quota_clean_checks_the_projects_org(fleet: dict[str, Any]) -> None:
     assert set(refused.value.message_dict) == {"project"}
     Quota(org=project.org, project=project, gpu_type=fleet["h100"], max_gpus=1).full_clean()
     Quota(org=other, project=None, gpu_type=fleet["h100"], max_gpus=1).full_clean()
+
+
+def test_the_database_refuses_a_quota_naming_a_project_of_another_org(fleet: dict[str, Any]) -> None:
+    """Rows written around `clean` (shell, scripts) are refused too (migration 0010, PostgreSQL)."""
+    project, other = ProjectFactory(), OrganizationFactory()
+    with pytest.raises(IntegrityError, match="quota_project_in_org"), transaction.atomic():
+        Quota.objects.create(org=other, project=project, gpu_type=fleet["h100"], max_gpus=1)
+    Quota.objects.create(org=project.org, project=project, gpu_type=fleet["h100"], max_gpus=1)
+    Quota.objects.create(org=other, project=None, gpu_type=fleet["h100"], max_gpus=1)  # org-wide
+    with pytest.raises(IntegrityError, match="quota_project_in_org"), transaction.atomic():
+        Quota.objects.filter(project=project).update(org=other)
+
+
+def test_the_migration_lists_wrong_rows_instead_of_deleting_them(fleet: dict[str, Any]) -> None:
+    migration = import_module("scheduling.migrations.0010_quota_project_in_org")
+    project, other = ProjectFactory(), OrganizationFactory()
+    with connection.schema_editor() as editor:  # inside the test's transaction: rolled back after
+        editor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # no pending FK checks before ALTER TABLE
+        migration._drop(None, editor)
+        wrong = Quota.objects.create(org=other, project=project, gpu_type=fleet["h100"], max_gpus=1)
+        with pytest.raises(RuntimeError, match=rf"quota {wrong.pk} \(org {other.pk}\) names project"):
+            migration._add(None, editor)
+        assert Quota.objects.filter(pk=wrong.pk).exists()
+        wrong.delete()
+        editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        migration._add(None, editor)
 
 
 def test_a_projects_org_cannot_be_changed_in_the_admin(staff: Client, fleet: dict[str, Any]) -> None:
