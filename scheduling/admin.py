@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 from simple_history.admin import SimpleHistoryAdmin
 
 from config.errors import DomainError
@@ -38,14 +39,26 @@ class ReadOnlyMixin:
         return False
 
 
+def _price_not_yet_in_effect(price: GpuPrice | None) -> bool:
+    """Prices are history: one that is (or was) in effect priced holds and runs, so it can never
+    be changed or deleted (add a new one instead). A price scheduled for later may be corrected."""
+    return price is not None and price.effective_from > timezone.now()
+
+
 class GpuPriceInline(admin.TabularInline):
+    """New prices only: the rows already there are shown, not editable (a scheduled price is
+    corrected on its own page, GPU prices)."""
+
     model = GpuPrice
     extra = 1
     ordering = ("-effective_from",)
     fields = ("price_per_gpu_hour", "effective_from")
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # prices are history: add a new one instead
+        return False
 
 
 @admin.register(GpuType)
@@ -60,6 +73,16 @@ class GpuPriceAdmin(SimpleHistoryAdmin):
     list_display = ("gpu_type", "price_per_gpu_hour", "effective_from")
     list_filter = ("gpu_type",)
     ordering = ("gpu_type", "-effective_from")
+
+    def has_change_permission(self, request: HttpRequest, obj: GpuPrice | None = None) -> bool:
+        if obj is not None and not _price_not_yet_in_effect(obj):
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: GpuPrice | None = None) -> bool:
+        if not _price_not_yet_in_effect(obj):  # the changelist's bulk delete included
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 class AllocationInline(ReadOnlyMixin, admin.TabularInline):
@@ -116,25 +139,40 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("id", "name", "org", "project", "state", "wait_reason", "gpu_count",
+    list_display = ("id", "name", "org", "project", "state", "held", "wait_reason", "gpu_count",
                     "priority_class", "attempt_count", "submitted_at")
-    list_filter = ("state", "wait_reason", "priority_class")
+    list_filter = ("state", "held", "wait_reason", "priority_class")
     search_fields = ("name", "org__slug", "project__slug", "user__username")
     list_select_related = ("org", "project__org", "priority_class")
     readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before")
     inlines = (AttemptInline,)
-    actions = ("cancel",)
+    actions = ("cancel", "hold", "release")
     date_hierarchy = "submitted_at"
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Job], change: Any) -> None:
+        for job in queryset:
+            try:
+                change(job=job, actor=request.user)
+            except DomainError as error:
+                messages.error(request, f"Job {job.pk}: {error.detail}")
 
     @admin.action(description="Cancel the selected jobs")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.lifecycle import cancel_job
 
-        for job in queryset:
-            try:
-                cancel_job(job=job, actor=request.user)
-            except DomainError as error:
-                messages.error(request, f"Job {job.pk}: {error.detail}")
+        self._each(request, queryset, cancel_job)
+
+    @admin.action(description="Hold the selected queued jobs (not scheduled until released)")
+    def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        from scheduling.services.lifecycle import hold_job
+
+        self._each(request, queryset, hold_job)
+
+    @admin.action(description="Release the selected held jobs")
+    def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        from scheduling.services.lifecycle import release_job
+
+        self._each(request, queryset, release_job)
 
 
 @admin.register(JobAttempt)

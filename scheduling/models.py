@@ -204,6 +204,11 @@ class Job(models.Model):
     depends_on = models.ManyToManyField("self", symmetrical=False, related_name="dependents", blank=True)
     dependency = models.CharField(max_length=16, choices=Dependency.choices, blank=True, default="",
                                   db_default="")
+    # Held by its user or an admin (Slurm's `scontrol hold`): queued, credits held, never offered to
+    # the scheduler until released. Aging counts from `aging_from` (the release, or the end of the
+    # last dependency) when later than submission, so holding a job never buys it queue time.
+    held = models.BooleanField(default=False, db_default=False)
+    aging_from = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -58,8 +58,8 @@ def _bucket_key(version: str, job_id: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JobStanding:
-    """One queued job's answer: its standing, or None while the pass does not consider it (a
-    retry backoff until `not_before`, or dependencies not met)."""
+    """One queued job's answer: its standing, or None while the pass does not consider it (held,
+    a retry backoff until `not_before`, or dependencies not met)."""
 
     job: Job
     computed_at: datetime
@@ -118,8 +118,9 @@ def standings_of(jobs: list[Job]) -> Standings:
 
 
 def _not_offered(job: Job, now: datetime) -> bool:
-    """Not in the scheduler's queue yet: in retry backoff, or waiting for its dependencies."""
-    return (job.not_before is not None and job.not_before > now) or job.wait_reason == reasons.DEPENDENCY
+    """Not in the scheduler's queue: held, in retry backoff, or waiting for its dependencies."""
+    backoff = job.not_before is not None and job.not_before > now
+    return job.held or backoff or job.wait_reason == reasons.DEPENDENCY
 
 
 def job_standing(job: Job) -> JobStanding:

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.settings import api_settings
@@ -45,6 +46,17 @@ class StrictCharField(serializers.CharField):
         if "\x00" in data:
             raise serializers.ValidationError("NUL characters are not allowed.")
         return super().to_internal_value(data)
+
+
+class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
+    """The schema says what StrictCharField enforces: no NUL (PostgreSQL text cannot hold it), so
+    clients and schema-driven fuzzers see it as a rule, not a surprise 400."""
+
+    target_class = StrictCharField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        return {**schema, "pattern": "^[^\\u0000]*$"}
 
 
 class StrictDateTimeField(serializers.DateTimeField):

@@ -238,14 +238,15 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     live = list(JobAttempt.objects.filter(state__in=LIVE).values_list(
         "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
-        "stop_requested_at", "job__submitted_at", "job__attempt_count", "job__dependency",
+        "stop_requested_at", "job__submitted_at", "job__attempt_count", "job__aging_from",
+        "job__dependency",
     ).order_by("id"))
-    before = earlier_attempts(row[1] for row in live if row[-2] > 1)
+    before = earlier_attempts(row[1] for row in live if row[-3] > 1)
     eligible_at = dependencies.last_ended(row[1] for row in live if row[-1])
     for row in live:
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
-         started, scheduled, wall, stop_at, submitted, _attempts, _dependency) = row
-        eligible = eligible_at.get(job_id)
+         started, scheduled, wall, stop_at, submitted, _attempts, aging_from, _dependency) = row
+        eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         orgs[attempt_id] = org_id
         earlier = before.get(job_id, _NONE_BEFORE)
         running.append(
@@ -279,14 +280,14 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     jobs: list[core.PendingJob] = []
     rows: dict[int, PendingRow] = {}
     queued = list(
-        Job.objects.filter(state=JobState.QUEUED)
+        Job.objects.filter(state=JobState.QUEUED, held=False)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .values_list(
             "id", "org_id", "project_id", "user_id", "priority_class__name", "gpu_count",
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
             "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
-            "current_hold__released", "dependency",
+            "current_hold__released", "aging_from", "dependency",
         )
         .order_by("submitted_at", "id")
     )
@@ -299,8 +300,8 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
-         released, _dependency) = row
-        eligible = eligible_at.get(job_id)
+         released, aging_from, _dependency) = row
+        eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         jobs.append(
             core.PendingJob(
                 id=job_id,
@@ -310,7 +311,8 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 priority_class=klass,
                 gpu_count=gpus,
                 max_wall_seconds=float(wall),
-                # Aging starts when the job could first run: after its last dependency ended.
+                # Aging starts when the job could first run: after its last dependency ended, or
+                # when its user released it from a hold.
                 submitted_at=epoch(max(submitted, eligible) if eligible else submitted),
                 gpu_types=tuple(types or ()),
                 gpu_memory_gb=memory,

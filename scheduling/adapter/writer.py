@@ -124,11 +124,13 @@ def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_typ
 def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent]) -> None:
     if not places:
         return
-    # Lock the jobs (one query, id order) and keep only those still queued with a hold.
+    # Lock the jobs (one query, id order) and keep only those still queued with a hold and not
+    # held by their user since the snapshot was read.
     numbers = {
         job_id: count + 1
         for job_id, count in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=[p.job_id for p in places], state=JobState.QUEUED, current_hold__isnull=False)
+        .filter(pk__in=[p.job_id for p in places], state=JobState.QUEUED, current_hold__isnull=False,
+                held=False)
         .order_by("pk")
         .values_list("id", "attempt_count")
     }
@@ -249,10 +251,11 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
 
 
 def _write_wait_reasons(changed: list[tuple[int, str, str]]) -> None:
-    """One UPDATE for all changed wait reasons; only jobs still queued (a cancelled one keeps its
-    cleared reason). PostgreSQL joins arrays (bulk_update's CASE is quadratic at this size)."""
+    """One UPDATE for all changed wait reasons; only jobs still queued and not held (a cancelled one
+    keeps its cleared reason, a held one `held`). PostgreSQL joins arrays (bulk_update's CASE is
+    quadratic at this size)."""
     if connection.vendor != "postgresql":
-        Job.objects.filter(state=JobState.QUEUED).bulk_update(
+        Job.objects.filter(state=JobState.QUEUED, held=False).bulk_update(
             [Job(pk=i, wait_reason=r, wait_detail=d) for i, r, d in changed],
             ["wait_reason", "wait_detail"], batch_size=500,
         )
@@ -262,7 +265,7 @@ def _write_wait_reasons(changed: list[tuple[int, str, str]]) -> None:
         cursor.execute(
             f"UPDATE {table} AS j SET wait_reason = v.reason, wait_detail = v.detail "  # noqa: S608
             "FROM json_to_recordset(%s::json) AS v(id bigint, reason text, detail text) "
-            "WHERE j.id = v.id AND j.state = %s",
+            "WHERE j.id = v.id AND j.state = %s AND NOT j.held",
             # One JSON parameter: quoting 10k-element arrays client-side costs more than the UPDATE.
             [json.dumps([{"id": i, "reason": r, "detail": d} for i, r, d in changed]),
              JobState.QUEUED],

@@ -45,6 +45,11 @@ class JobSubmitSerializer(StrictSerializer):
         default=list,
         help_text="Earlier jobs of the same organization that must end before this one may start.",
     )
+    held = StrictBooleanField(
+        required=False, default=False,
+        help_text="Submit held (Slurm's --hold): queued with its credits held, never scheduled until "
+        "POST /jobs/{id}/release.",
+    )
     dependency = serializers.ChoiceField(
         choices=Dependency.choices, required=False, default=Dependency.AFTER_OK,
         help_text="afterok: every dependency must complete (one that fails, is cancelled or times "
@@ -83,7 +88,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
-                  "regions", "depends_on", "dependency", "wait_reason", "wait_detail", "end_reason",
+                  "regions", "depends_on", "dependency", "held", "wait_reason", "wait_detail", "end_reason",
                   "estimate", "hold", "attempt_count", "submitted_at", "updated_at", "finished_at"]
         read_only_fields = fields
 
@@ -136,8 +141,8 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "max_wall_seconds": int(job.max_wall_seconds), "priority_class": str(job.priority_class.name),
         "preemptible": bool(job.preemptible), "command": str(job.command), "regions": job.regions,
         "depends_on": [other.pk for other in job._prefetched_objects_cache["depends_on"]],
-        "dependency": str(job.dependency) or None, "wait_reason": str(job.wait_reason),
-        "wait_detail": str(job.wait_detail),
+        "dependency": str(job.dependency) or None, "held": bool(job.held),
+        "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
         "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
         "attempt_count": int(job.attempt_count), "submitted_at": _when(job.submitted_at),
         "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],

@@ -2,11 +2,20 @@
 
 from django.urls import path
 
-from scheduling.api.views import JobCancelView, JobDetailView, JobListCreateView, JobPriorityView
+from scheduling.api.views import (
+    JobCancelView,
+    JobDetailView,
+    JobHoldView,
+    JobListCreateView,
+    JobPriorityView,
+    JobReleaseView,
+)
 
 urlpatterns = [
     path("jobs", JobListCreateView.as_view(), name="jobs"),
     path("jobs/<int:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/cancel", JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<int:job_id>/priority", JobPriorityView.as_view(), name="job-priority"),
+    path("jobs/<int:job_id>/hold", JobHoldView.as_view(), name="job-hold"),
+    path("jobs/<int:job_id>/release", JobReleaseView.as_view(), name="job-release"),
 ]

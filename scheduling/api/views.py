@@ -5,7 +5,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
@@ -33,7 +33,7 @@ from scheduling.api.serializers import (
 )
 from scheduling.models import Job
 from scheduling.selectors import job_standing
-from scheduling.services.lifecycle import cancel_job
+from scheduling.services.lifecycle import cancel_job, hold_job, release_job
 from scheduling.services.submission import JobSpec, submit_job
 from scheduling.services.submission_sql import enabled as submission_in_sql
 from scheduling.services.submission_sql import submit_job_in_sql
@@ -105,7 +105,7 @@ class JobListCreateView(GenericAPIView):
             gpu_memory_gb=data["gpu_memory_gb"], max_wall_seconds=data["max_wall_seconds"],
             priority_class=data["priority_class"], preemptible=data.get("preemptible"),
             command=data["command"], regions=tuple(data["regions"]), depends_on=tuple(data["depends_on"]),
-            dependency=data["dependency"],
+            dependency=data["dependency"], held=data["held"],
         )
 
         body: dict[str, Any] = {}
@@ -171,27 +171,69 @@ class JobPriorityView(GenericAPIView):
         return Response(render_job_priority(job_standing(job)))
 
 
-class JobCancelView(GenericAPIView):
+class _JobActionView(GenericAPIView):
+    """POST /jobs/{id}/<action>: no body, Idempotency-Key, a project member (not a viewer) or an
+    org owner/admin; answers with the job."""
+
     serializer_class = JobDetailSerializer
     rate_limit_scope = "jobs-submit"
+    verb = ""
 
-    @extend_schema(
-        operation_id="jobs_cancel", request=None, responses=JobDetailSerializer,
-        description="Cancel a job (idempotent). A queued job's hold is released at once; a "
-        "running one is stopped and becomes cancelled when its agent reports the exit.",
-    )
+    @staticmethod
+    def act(job: Job, user: Any) -> None:
+        raise NotImplementedError
+
     def post(self, request: Request, job_id: int) -> Response:
         key_of(request)
         if request.data:
-            raise ValidationError({"non_field_errors": ["Cancel takes no body."]})
+            raise ValidationError({"non_field_errors": [f"{self.verb.capitalize()} takes no body."]})
         job = get_visible_job(request.user, job_id)
         if not can_submit(request.user, job.project):
-            raise PermissionDenied(job_write_refusal(request.user, job.project, "cancel"))
+            raise PermissionDenied(job_write_refusal(request.user, job.project, self.verb))
         enforce_org_limit(request, org_id=job.org_id, scope="jobs-submit")
 
         def effect() -> tuple[int, Any]:
-            cancel_job(job=job, actor=request.user)
+            self.act(job, request.user)
             fresh = visible_jobs(request.user).prefetch_related("attempts__gpu_type").get(pk=job.pk)
             return 200, JobDetailSerializer(fresh).data
 
         return run_idempotent(request, effect)
+
+
+@extend_schema_view(post=extend_schema(
+    operation_id="jobs_cancel", request=None, responses=JobDetailSerializer,
+    description="Cancel a job (idempotent). A queued job's hold is released at once; a "
+    "running one is stopped and becomes cancelled when its agent reports the exit.",
+))
+class JobCancelView(_JobActionView):
+    verb = "cancel"
+
+    @staticmethod
+    def act(job: Job, user: Any) -> None:
+        cancel_job(job=job, actor=user)
+
+
+@extend_schema_view(post=extend_schema(
+    operation_id="jobs_hold", request=None, responses=JobDetailSerializer,
+    description="Keep a queued job from being scheduled until it is released (Slurm's scontrol "
+    "hold); its credits stay held. Idempotent; 409 `illegal-job-transition` unless queued.",
+))
+class JobHoldView(_JobActionView):
+    verb = "hold"
+
+    @staticmethod
+    def act(job: Job, user: Any) -> None:
+        hold_job(job=job, actor=user)
+
+
+@extend_schema_view(post=extend_schema(
+    operation_id="jobs_release", request=None, responses=JobDetailSerializer,
+    description="Let a held job be scheduled again; its aging restarts now, so holding a job "
+    "never buys it queue time. Releasing a job that is not held changes nothing.",
+))
+class JobReleaseView(_JobActionView):
+    verb = "release"
+
+    @staticmethod
+    def act(job: Job, user: Any) -> None:
+        release_job(job=job, actor=user)

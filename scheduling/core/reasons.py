@@ -23,6 +23,7 @@ NO_MATCHING_GPU_TYPE = "no-matching-gpu-type"
 WAITING_FOR_PREEMPTION = "waiting-for-preemption"
 BACKOFF = "backoff"  # set by the lifecycle, not the core: requeued after a lost node, retry not before T
 DEPENDENCY = "dependency"  # set at submission, not the core: waits for the jobs it depends on to end
+HELD = "held"  # set by the lifecycle, not the core: held by its user until released
 RESERVED_PREFIX = "reserved-for-job-"
 
 
@@ -32,7 +33,8 @@ def reserved_for(job_id: int) -> str:
 
 
 WAIT_REASONS: frozenset[str] = frozenset(
-    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF, DEPENDENCY}
+    {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF, DEPENDENCY,
+     HELD}
 )
 
 

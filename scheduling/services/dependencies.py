@@ -69,12 +69,23 @@ def check(*, user: Any, project: Project, spec: JobSpec) -> After:
     if errors:
         raise SubmissionInvalid({"depends_on": errors})
     waiting = sorted(job_id for job_id, job in found.items() if not met(job.state, spec.dependency))
-    reason, detail = "", ""
-    if waiting:
-        how = "complete" if spec.dependency == Dependency.AFTER_OK else "end"
-        reason = reasons.DEPENDENCY
-        detail = f"after jobs {', '.join(map(str, waiting))} {how} ({spec.dependency})"[:255]
+    reason, detail = _wait(waiting, spec.dependency)
     return After(tuple(found[i] for i in ids), tuple(ids), reason, detail)
+
+
+def _wait(waiting: list[int], dependency: str) -> tuple[str, str]:
+    if not waiting:
+        return "", ""
+    how = "complete" if dependency == Dependency.AFTER_OK else "end"
+    return reasons.DEPENDENCY, f"after jobs {', '.join(map(str, waiting))} {how} ({dependency})"[:255]
+
+
+def wait_reason_of(job: Job) -> tuple[str, str]:
+    """(`dependency`, detail) while some of the job's dependencies are not met, else ("", "")."""
+    if not job.dependency:
+        return "", ""
+    states = Link.objects.filter(from_job_id=job.pk).values_list("to_job_id", "to_job__state")
+    return _wait(sorted(i for i, state in states if not met(state, job.dependency)), job.dependency)
 
 
 def record(*, job: Job, depends_on: tuple[int, ...]) -> None:

@@ -17,9 +17,11 @@ from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
 from ledger.services import CallerEvent
+from scheduling.core import reasons
 from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
 from scheduling.services import dependencies
+from scheduling.services.lifecycle import held_detail
 from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class JobSpec:
     regions: tuple[str, ...] = field(default_factory=tuple)
     depends_on: tuple[int, ...] = ()  # earlier jobs of the same org that must end first
     dependency: str = Dependency.AFTER_OK  # how they must end (read only with `depends_on`)
+    held: bool = False  # submitted held (Slurm's `sbatch --hold`): not scheduled until released
 
 
 def validate_spec(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
@@ -218,6 +221,8 @@ def submit_job(
     if after is not None:
         job.dependency = spec.dependency
         job.wait_reason, job.wait_detail = after.wait_reason, after.wait_detail
+    if spec.held:  # shown before a dependency: releasing it shows the dependency again
+        job.held, job.wait_reason, job.wait_detail = True, reasons.HELD, held_detail(user)
     _insert(job)
     if after is not None:
         dependencies.record(job=job, depends_on=after.job_ids)

@@ -77,7 +77,7 @@ def submit_job_in_sql(
     A claim that waited out `IDEMPOTENCY_LOCK_WAIT_MS` raises (SQLSTATE 55P03) for the caller's
     idempotency layer to answer "in flight".
     """
-    if not can_submit(user, project) or spec.depends_on:  # dependencies: the Python path
+    if not can_submit(user, project) or spec.depends_on or spec.held:  # those: the Python path
         return None
     try:
         snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,

@@ -4,6 +4,7 @@ within their org."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from importlib import import_module
 from typing import Any
 
@@ -12,9 +13,11 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
-from scheduling.models import Job, JobState, Node, Quota
+from scheduling.models import GpuPrice, Job, JobState, Node, Quota
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory
+from tests.scheduling.conftest import H100_PRICE
 
 pytestmark = pytest.mark.django_db
 
@@ -54,6 +57,31 @@ def test_cancel_action_cancels_a_queued_job(staff: Client, fleet: dict[str, Any]
     staff.post(reverse("admin:scheduling_job_changelist"),
                {"action": "cancel", "_selected_action": [job.pk]}, follow=True)
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+
+
+def test_a_price_in_effect_can_be_neither_changed_nor_deleted(staff: Client, fleet: dict[str, Any]) -> None:
+    """Prices are history: holds and runs were priced from them (QA: an edited A100 price re-priced
+    30 days of history, a deleted L4 price made L4 unsubmittable)."""
+    h100 = fleet["h100"]
+    current = GpuPrice.objects.get(gpu_type=h100)
+    later = GpuPrice.objects.create(gpu_type=h100, price_per_gpu_hour=7_000_000,
+                                    effective_from=timezone.now() + timedelta(days=3))
+    change, delete = "admin:scheduling_gpuprice_change", "admin:scheduling_gpuprice_delete"
+    edit = {"gpu_type": h100.pk, "price_per_gpu_hour": 1, "effective_from_0": "2026-01-01",
+            "effective_from_1": "00:00"}
+    assert staff.post(reverse(change, args=[current.pk]), edit).status_code == 403
+    assert staff.post(reverse(delete, args=[current.pk]), {"post": "yes"}).status_code == 403
+    staff.post(reverse("admin:scheduling_gpuprice_changelist"),
+               {"action": "delete_selected", "_selected_action": [current.pk], "post": "yes"})
+    assert GpuPrice.objects.get(pk=current.pk).price_per_gpu_hour == H100_PRICE  # untouched
+    # A price not yet in effect may be corrected or withdrawn.
+    assert staff.get(reverse(change, args=[later.pk])).context["has_change_permission"] is True
+    assert staff.post(reverse(delete, args=[later.pk]), {"post": "yes"}).status_code == 302
+    assert not GpuPrice.objects.filter(pk=later.pk).exists()
+    # On the GPU type page, the existing prices are read-only: only new ones can be added.
+    page = staff.get(reverse("admin:scheduling_gputype_change", args=[h100.pk]))
+    formset = page.context["inline_admin_formsets"][0]
+    assert formset.has_change_permission is False and formset.has_add_permission is True
 
 
 def _quota_form(org: Any, project: Any, gpu_type: Any) -> dict[str, Any]:
