@@ -87,7 +87,13 @@ SCHEDULER_LAST_PASS = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+NODES = Gauge(
+    "gpubank_nodes", "Nodes by health state and operator cordon (none, drain, down), set by the node sweep.",
+    ["state", "cordon"], multiprocess_mode="mostrecent",
+)
+
 _seen_classes: set[str] = set()
+_seen_node_labels: set[tuple[str, str]] = set()
 _gpu_type_names: dict[int, str] = {}
 
 
@@ -162,6 +168,13 @@ def scheduler_pass(*, load_s: float, core_s: float, write_s: float, pending_clas
     for cls in _seen_classes:
         SCHEDULER_PENDING.labels(cls).set(pending.get(cls, 0))
     SCHEDULER_LAST_PASS.set(time.time())
+
+
+def nodes_by_state(counts: dict[tuple[str, str], int]) -> None:
+    """The node sweep counted nodes per (health state, cordon); a pair no longer seen goes to 0."""
+    _seen_node_labels.update(counts)
+    for state, cordon in _seen_node_labels:
+        NODES.labels(state, cordon or "none").set(counts.get((state, cordon), 0))
 
 
 def submission_path(path: str) -> None:

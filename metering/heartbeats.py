@@ -32,7 +32,7 @@ ALLOC = Allocation._meta.db_table
 NODE = Node._meta.db_table
 # Postgres' bigint ceiling: a value beyond it is a broken agent, not usage.
 MAX_BIGINT = 2**63 - 1
-STOP_REASONS = frozenset({"preempted", "cancelled", "out_of_credit", "timed_out"})
+STOP_REASONS = frozenset({"preempted", "evicted", "cancelled", "out_of_credit", "timed_out"})
 
 
 @dataclass(frozen=True)

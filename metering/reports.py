@@ -18,7 +18,8 @@ from scheduling.models import Allocation, AttemptState, Job, JobAttempt, Node
 
 # Outcomes an agent may report (docs/agent-protocol.md §5).
 AGENT_OUTCOMES = frozenset(
-    {"completed", "failed", "launch_failed", "preempted", "cancelled", "out_of_credit", "timed_out", "lost"}
+    {"completed", "failed", "launch_failed", "preempted", "evicted", "cancelled", "out_of_credit",
+     "timed_out", "lost"}
 )
 
 

@@ -12,6 +12,7 @@ from portal import selectors
 from portal.access import DashboardScope
 from portal.templatetags.portal_money import credits
 from scheduling.core.reasons import RESERVED_PREFIX
+from scheduling.models import NodeCordon, NodeState
 
 Snapshot = dict[str, Any]
 
@@ -40,6 +41,15 @@ def _running_jobs() -> list[dict[str, Any]]:
     return jobs
 
 
+def _node_state(node: Any) -> str:
+    """Health, unless an operator drained the node or took it out of service."""
+    if node.cordon == NodeCordon.DOWN:
+        return "out-of-service"
+    if node.cordon == NodeCordon.DRAIN:
+        return "draining" if node.state == NodeState.READY else f"{node.state}, draining"
+    return node.state
+
+
 def _fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     utilization = selectors.node_utilization()
     nodes = []
@@ -52,7 +62,7 @@ def _fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "name": node.name,
                 "gpu_type": node.gpu_type.name,
-                "state": node.state,
+                "state": _node_state(node),
                 "gpus": node.gpu_count,
                 "allocated": node.allocated,
                 "utilization": round(util, 1) if util is not None else None,

@@ -20,6 +20,7 @@ from scheduling.models import (
     Job,
     JobAttempt,
     Node,
+    NodeCordon,
     PriorityClass,
     Quota,
     SchedulerPass,
@@ -99,13 +100,47 @@ class AllocationInline(ReadOnlyMixin, admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(SimpleHistoryAdmin):
-    list_display = ("name", "region", "gpu_type", "gpu_count", "state", "ib_group", "last_heartbeat_at")
-    list_filter = ("state", "gpu_type", "region")
+    """`state` is health (heartbeats and the silence sweep keep it; read-only here); an operator
+    drains a node or takes it out of service with `cordon`, which heartbeats never undo."""
+
+    list_display = ("name", "region", "gpu_type", "gpu_count", "state", "cordon", "ib_group",
+                    "last_heartbeat_at")
+    list_filter = ("state", "cordon", "gpu_type", "region")
     search_fields = ("name", "ib_group", "nvlink_domain")
-    readonly_fields = ("last_heartbeat_at", "token_prefix", "agent_version", "registered_at")
+    readonly_fields = ("state", "last_heartbeat_at", "token_prefix", "agent_version", "registered_at")
     exclude = ("token_hash",)
     inlines = (AllocationInline,)
-    actions = ("issue_token",)
+    actions = ("issue_token", "drain", "take_out_of_service", "return_to_service")
+
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        if change and "cordon" in form.changed_data:  # through the service: audited, evicts
+            from scheduling.services.nodes import set_cordon
+
+            cordon = obj.cordon
+            obj.cordon = form.initial.get("cordon", "")
+            super().save_model(request, obj, form, change)
+            set_cordon(node=obj, cordon=cordon, actor=request.user)
+            obj.cordon = cordon
+            return
+        super().save_model(request, obj, form, change)
+
+    def _cordon(self, request: HttpRequest, queryset: QuerySet[Node], cordon: str) -> None:
+        from scheduling.services.nodes import set_cordon
+
+        for node in queryset:
+            set_cordon(node=node, cordon=cordon, actor=request.user)
+
+    @admin.action(description="Drain: no new jobs, running ones finish")
+    def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        self._cordon(request, queryset, NodeCordon.DRAIN)
+
+    @admin.action(description="Take out of service: stop running jobs (requeued elsewhere)")
+    def take_out_of_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        self._cordon(request, queryset, NodeCordon.DOWN)
+
+    @admin.action(description="Return to service")
+    def return_to_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        self._cordon(request, queryset, NodeCordon.NONE)
 
     @admin.action(description="Issue a new agent token (shown once)")
     def issue_token(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:

@@ -47,10 +47,20 @@ class GpuPrice(models.Model):
 
 
 class NodeState(models.TextChoices):
+    """Health, kept by the agent's heartbeats and the silence sweep; never set by hand."""
+
     READY = "ready"
-    DRAINING = "draining"
-    UNKNOWN = "unknown"
-    DOWN = "down"
+    UNKNOWN = "unknown"  # silent for METERING_NODE_UNKNOWN_AFTER_S
+    DOWN = "down"  # silent for METERING_NODE_DOWN_AFTER_S: its attempts end as lost
+
+
+class NodeCordon(models.TextChoices):
+    """What an operator decided, kept apart from health so heartbeats never undo it (Slurm's DRAIN
+    flag beside a node's state; Kubernetes' cordon beside its Ready condition)."""
+
+    NONE = "", "in service"
+    DRAIN = "drain", "drain: no new jobs, running ones finish"
+    DOWN = "down", "out of service: running jobs are stopped and requeued elsewhere"
 
 
 class Node(models.Model):
@@ -63,13 +73,15 @@ class Node(models.Model):
     nvlink_domain = models.CharField(max_length=64, blank=True, default="")
     ib_group = models.CharField(max_length=64, blank=True, default="")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.DOWN)
+    cordon = models.CharField(max_length=8, choices=NodeCordon.choices, blank=True, default="", db_default="")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # The agent's bearer token; only its SHA-256 is stored.
     token_prefix = models.CharField(max_length=16, unique=True, null=True, blank=True)
     token_hash = models.CharField(max_length=64, blank=True, default="")
     agent_version = models.CharField(max_length=32, blank=True, default="")
     registered_at = models.DateTimeField(null=True, blank=True)
-    history = HistoricalRecords(excluded_fields=["last_heartbeat_at"])
+    # Heartbeat stamps would flood the history; the token's hash has no business on a page.
+    history = HistoricalRecords(excluded_fields=["last_heartbeat_at", "token_hash"])
 
     class Meta:
         constraints = [
@@ -78,6 +90,20 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def scheduling_state(self) -> str:
+        """The state the scheduler sees: an operator's cordon first, then health."""
+        return scheduling_state(self.state, self.cordon)
+
+
+def scheduling_state(state: str, cordon: str) -> str:
+    """`ready | draining | unknown | down` for the scheduling core (`core.Node.state`)."""
+    if cordon == NodeCordon.DRAIN:
+        return "draining" if state == NodeState.READY else state
+    if cordon == NodeCordon.DOWN:
+        return "down"
+    return state
 
 
 class PriorityClass(models.Model):

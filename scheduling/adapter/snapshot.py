@@ -39,6 +39,7 @@ from scheduling.models import (
     Node,
     PriorityClass,
     Quota,
+    scheduling_state,
 )
 from scheduling.services import dependencies
 
@@ -227,10 +228,11 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
             region=region,
             nvlink_domain=nvlink,
             ib_group=ib,
-            state=state,
+            state=scheduling_state(state, cordon),
         )
-        for node_id, type_name, count, region, nvlink, ib, state in Node.objects.values_list(
-            "id", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group", "state"
+        for node_id, type_name, count, region, nvlink, ib, state, cordon in Node.objects.values_list(
+            "id", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group", "state",
+            "cordon",
         ).order_by("id")
     )
     running: list[core.RunningJob] = []

@@ -26,6 +26,7 @@ from metering.models import AttemptUsage
 from scheduling import core
 from scheduling.adapter.repricing import placed_cost, top_up_dearer
 from scheduling.adapter.snapshot import Loaded, PendingRow
+from scheduling.core import reasons as core_reasons
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
 from scheduling.services.lifecycle import can_transition, request_stop_many
 
@@ -237,6 +238,8 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
         if row is None:
             continue
         detail = skip.detail[:255]
+        if skip.reason_code == row.wait_reason == core_reasons.BUDGET and row.wait_detail:
+            detail = row.wait_detail  # the refusal's own words (lifecycle.fund_job), not the core's
         if (row.wait_reason, row.wait_detail) == (skip.reason_code, detail):
             continue
         changed.append((skip.job_id, skip.reason_code, detail))

@@ -59,7 +59,9 @@ PERMANENT_OUTCOMES: dict[str, str] = {
     "cancelled": S.CANCELLED,
     "out_of_credit": S.FAILED,
 }
-TRANSIENT_OUTCOMES = frozenset({"lost", "preempted"})
+# lost: the node went silent (counts as a retry, backs off); preempted: for a higher class;
+# evicted: its node was taken out of service by an operator (neither counts nor backs off).
+TRANSIENT_OUTCOMES = frozenset({"lost", "preempted", "evicted"})
 OUTCOMES = frozenset(PERMANENT_OUTCOMES) | TRANSIENT_OUTCOMES
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
 
@@ -244,7 +246,10 @@ def request_stop(
     if not _stop_changes(current, reason):
         return current
     now = db_now()
-    grace = int(grace_seconds)
+    # A stop already under way keeps its grace: the agent acts on the first stop it receives (it
+    # signalled the job then and kills it when that grace ends), so a later cancellation changes
+    # the reason (how the job ends) but not the kill time, and the record says so.
+    grace = current.grace_seconds if current.state == AttemptState.STOPPING else int(grace_seconds)
     changed = JobAttempt.objects.filter(pk=current.pk, state=current.state).update(
         state=AttemptState.STOPPING,
         stop_requested_at=current.stop_requested_at or now,
@@ -252,6 +257,9 @@ def request_stop(
         grace_seconds=grace,
     )
     if changed == 1:
+        data = {"job": current.job_id, "attempt": current.number, "grace_seconds": grace}
+        if current.state == AttemptState.STOPPING:
+            data["overrides"] = current.stop_reason
         record(
             action="sched.attempt.stop",
             subject_type="attempt",
@@ -259,7 +267,7 @@ def request_stop(
             org_id=current.org_id,
             actor_type=AuditEvent.ActorType.SCHEDULER,
             reason_code=reason,
-            data={"job": current.job_id, "attempt": current.number, "grace_seconds": grace},
+            data=data,
         )
     current.refresh_from_db()
     return current
@@ -408,6 +416,8 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
     if final == "preempted":
         transition(job, S.PREEMPTED, reason_code="preempted", data=data)
         return requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
+    if final == "evicted":
+        return requeue(job=job, not_before=None, reason_code="requeued-after-eviction", data=data)
     # A lost node: retry with exponential backoff while retries remain.
     retries_used = JobAttempt.objects.filter(job=job, outcome="lost").count()
     if retries_used > job.max_retries:
@@ -445,11 +455,19 @@ def fund_job(*, job: Job) -> bool:
             hold = reserve_job_hold(job=job, key=key)
     except DomainError as error:
         # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
+        # A longer retry backoff (a lost node) still stands: funding never shortens it.
         retry_at = funding_retry_at(db_now())
+        if job.not_before is not None and job.not_before > retry_at:
+            retry_at = job.not_before
         detail = str(error.detail)[:255]
-        Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
+        changed = Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
             wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at
         )
+        if changed and (job.wait_reason, job.wait_detail) != (reasons.BUDGET, detail):
+            record(action="sched.job.funding_refused", subject_type="job", subject_id=job.pk,
+                   org_id=job.org_id, reason_code=reasons.BUDGET,
+                   data={"detail": detail, "type": getattr(error, "type", ""),
+                         "retry_at": reasons.utc_time(retry_at.timestamp())})
         job.wait_reason, job.wait_detail, job.not_before = reasons.BUDGET, detail, retry_at
         return False
     Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)

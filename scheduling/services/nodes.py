@@ -19,7 +19,7 @@ from audit.models import AuditEvent
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
-from scheduling.models import Allocation, AttemptState, GpuType, JobAttempt, Node, NodeState
+from scheduling.models import Allocation, AttemptState, GpuType, JobAttempt, Node, NodeCordon, NodeState
 
 TOKEN_PREFIX = "gpun"  # noqa: S105 - a format marker, not a secret
 
@@ -131,8 +131,8 @@ def register_node(
         "agent_version": str(agent_version)[:32],
         "registered_at": now,
         "last_heartbeat_at": now,
-        # A draining node stays draining (an operator decision); any other state is live again.
-        "state": NodeState.DRAINING if node.state == NodeState.DRAINING else NodeState.READY,
+        # Health only: an operator's drain or out-of-service cordon is another column and stays.
+        "state": NodeState.READY,
     }
     for name in ("nvlink_domain", "ib_group"):
         if labels.get(name):
@@ -156,8 +156,42 @@ def register_node(
         data={
             "gpus": count,
             "previous_state": node.state,
+            "cordon": node.cordon,
             "agent_version": fields["agent_version"],
             "running_attempts": running,
         },
     )
     return Registration(node_id=node.pk, heartbeat_interval_s=heartbeat_interval_s, running_attempts=running)
+
+
+@transaction.atomic
+def set_cordon(*, node: Node, cordon: str, actor: Any = None) -> Node:
+    """An operator drains a node, takes it out of service, or returns it to service (audited).
+
+    Heartbeats never touch it (they keep `state`, the node's health). Out of service: the node's
+    live attempts are asked to stop with the preemption grace once this commits and are requeued
+    elsewhere (`tick.evict_from_nodes_out_of_service`, also run by the node sweep)."""
+    if cordon not in NodeCordon.values:
+        raise ValueError(f"unknown cordon {cordon!r}")
+    locked = Node.objects.select_for_update().get(pk=node.pk)
+    if locked.cordon == cordon:
+        return locked
+    Node.objects.filter(pk=node.pk).update(cordon=cordon)
+    record(
+        action="sched.node.cordon", subject_type="node", subject_id=node.pk,
+        actor_type=AuditEvent.ActorType.USER if actor is not None else AuditEvent.ActorType.SYSTEM,
+        actor_id=str(getattr(actor, "pk", "")), reason_code=cordon or "in-service",
+        data={"from": locked.cordon, "to": cordon, "state": locked.state},
+    )
+    locked.cordon = cordon
+
+    def after() -> None:
+        from scheduling.services.tick import evict_from_nodes_out_of_service
+        from scheduling.tasks import schedule_soon
+
+        if cordon == NodeCordon.DOWN:
+            evict_from_nodes_out_of_service(node_ids=[node.pk])
+        schedule_soon(trigger="cordon")
+
+    transaction.on_commit(after, robust=True)
+    return locked

@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from time import perf_counter
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 
 from audit.services import record
 from config import metrics
@@ -19,9 +21,9 @@ from ledger.retry import retry_on_conflict
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
-from scheduling.models import AttemptState, JobAttempt, Node, NodeState, SchedulerPass
+from scheduling.models import AttemptState, JobAttempt, Node, NodeCordon, NodeState, SchedulerPass
 from scheduling.services.leader import try_lead
-from scheduling.services.lifecycle import finish_attempt
+from scheduling.services.lifecycle import finish_attempt, request_stop
 
 log = logging.getLogger("scheduling.tick")
 
@@ -123,7 +125,7 @@ def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
     """Silent nodes become unknown, then down; attempts on down nodes end as `lost` (requeued)."""
     unknown_after, down_after = _node_timeouts()
     now = db_now()
-    alive = (NodeState.READY, NodeState.DRAINING)
+    alive = (NodeState.READY,)
     silent = list(
         Node.objects.filter(state__in=alive, last_heartbeat_at__lt=now - unknown_after)
         .values_list("id", flat=True)[:limit]
@@ -137,7 +139,33 @@ def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
     went_down = _mark_nodes(dead, from_states=(NodeState.UNKNOWN,), to=NodeState.DOWN,
                             silent_before=now - down_after, reason="node-down")
     lost = end_attempts_on_down_nodes(limit=limit)
-    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost}
+    evicted = evict_from_nodes_out_of_service(limit=limit)
+    counts = Node.objects.values_list("state", "cordon").annotate(n=Count("id")).order_by()
+    metrics.nodes_by_state({(state, cordon): n for state, cordon, n in counts})
+    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost, "evicted": evicted}
+
+
+def evict_from_nodes_out_of_service(*, limit: int = 200, node_ids: list[int] | None = None) -> int:
+    """Stop the live attempts on nodes an operator took out of service (`cordon = down`) with the
+    preemption grace (signal, then kill); each is requeued when its agent reports the exit, with no
+    retry counted and no backoff: the node was taken away, the job did nothing wrong. A node whose
+    health is `down` is not asked (its agent is gone): `end_attempts_on_down_nodes` ends those."""
+    attempts = (
+        JobAttempt.objects.filter(
+            state__in=(AttemptState.SCHEDULED, AttemptState.RUNNING),
+            allocations__released_at__isnull=True,
+            allocations__node__cordon=NodeCordon.DOWN,
+        ).exclude(allocations__node__state=NodeState.DOWN)
+    )
+    if node_ids is not None:
+        attempts = attempts.filter(allocations__node_id__in=node_ids)
+    attempts = list(attempts.distinct().order_by("pk")[:limit])
+    grace = int(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", core.Config().grace_seconds))
+    asked = 0
+    for attempt in attempts:
+        stopped = request_stop(attempt=attempt, reason="evicted", grace_seconds=grace)
+        asked += stopped.stop_reason == "evicted"
+    return asked
 
 
 def end_attempts_on_down_nodes(*, limit: int = 200) -> int:

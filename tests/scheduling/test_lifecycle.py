@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from audit.models import AuditEvent
+from config.clock import db_now
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
 from scheduling.services.lifecycle import (
     TRANSITIONS,
@@ -101,8 +103,14 @@ def test_request_stop_sets_grace_and_cancel_overrides(
     first_at = stopped.stop_requested_at
     assert request_stop(attempt=attempt, reason="preempted", grace_seconds=5).grace_seconds == 120
     cancelled = request_stop(attempt=attempt, reason="cancelled", grace_seconds=10)
-    assert (cancelled.stop_reason, cancelled.stop_requested_at) == ("cancelled", first_at)
-    assert AuditEvent.objects.filter(action="sched.attempt.stop").count() == 2
+    # The reason changes (the job ends cancelled), the kill time does not: the agent keeps the
+    # first stop's grace, and the record must say what will happen (QA: it said 30 s, ran 120 s).
+    assert (cancelled.stop_reason, cancelled.stop_requested_at, cancelled.grace_seconds) == (
+        "cancelled", first_at, 120,
+    )
+    events = AuditEvent.objects.filter(action="sched.attempt.stop").order_by("id")
+    assert [e.data["grace_seconds"] for e in events] == [120, 120]
+    assert events.last().data["overrides"] == "preempted"
 
 
 def test_started_after_stop_keeps_stopping(
@@ -192,3 +200,26 @@ def test_request_stop_many_matches_request_stop(
     assert (out[stopping.pk].stop_reason, out[stopping.pk].grace_seconds) == ("cancelled", 9)
     assert AuditEvent.objects.filter(action="sched.attempt.stop").count() == before + 2
     assert request_stop_many(items=[(running.pk, 1)], reason="preempted")[running.pk].grace_seconds == 120
+
+
+def test_a_refused_refunding_keeps_the_longer_backoff_its_words_and_is_audited(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """QA: the refusal's explanation was overwritten by the pass's generic budget detail, a node
+    loss's backoff was cut to the funding retry, and nothing recorded the refusal."""
+    from scheduling.services.lifecycle import requeue
+    from scheduling.services.tick import run_scheduling_pass
+
+    job = make_job(S.RUNNING, hold=False)  # the org has no credits: any new hold is refused
+    later = db_now() + timedelta(hours=2)
+    requeue(job=job, not_before=later, reason_code="requeued-after-node-lost")
+    job.refresh_from_db()
+    assert (job.state, job.wait_reason, job.not_before) == (S.QUEUED, "budget", later)
+    words = job.wait_detail
+    assert words and words != "hold could not be funded"
+    refused = AuditEvent.objects.get(action="sched.job.funding_refused", subject_id=str(job.pk))
+    assert refused.data["detail"] == words
+    # Once offered (backoff over), the pass skips it for budget and keeps the refusal's words.
+    Job.objects.filter(pk=job.pk).update(not_before=db_now() - timedelta(seconds=1))
+    run_scheduling_pass(trigger="test")
+    assert Job.objects.get(pk=job.pk).wait_detail == words

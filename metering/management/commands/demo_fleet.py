@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling.models import Node, NodeState
+from scheduling.models import Node
 from scheduling.services.nodes import issue_node_token
 
 FAKE_MODELS = frozenset({"H100", "A100", "L4", "T4"})  # what `agent --fake-gpus` knows
@@ -50,7 +50,9 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="start the agents, wait for them, exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        nodes = Node.objects.select_related("gpu_type").exclude(state=NodeState.DRAINING).order_by("name")
+        # Every node gets an agent, cordoned ones too: a drained or out-of-service node still
+        # reports its health (a machine being drained is still running).
+        nodes = Node.objects.select_related("gpu_type").order_by("name")
         if options["nodes"]:
             nodes = nodes.filter(name__in=options["nodes"].split(","))
         agents = [self._agent(node, options) for node in nodes if node.gpu_type.name in FAKE_MODELS]
