@@ -343,5 +343,8 @@ class SchedulerPass(models.Model):
     write_ms = models.PositiveIntegerField(default=0)
     total_ms = models.PositiveIntegerField(default=0)
 
+    class Meta:
+        verbose_name_plural = "scheduler passes"
+
     def __str__(self) -> str:
         return f"pass {self.pk} at {self.started_at:%H:%M:%S}"

@@ -68,11 +68,19 @@ class HoldSummarySerializer(serializers.ModelSerializer):
 
 class AttemptSerializer(serializers.ModelSerializer):
     gpu_type = serializers.CharField(source="gpu_type.name", read_only=True)
+    nodes = serializers.SerializerMethodField()
+    charged = serializers.IntegerField(source="hold.captured", read_only=True,
+                                       help_text="Micro-credits captured for this attempt so far.")
 
     class Meta:
         model = JobAttempt
-        fields = ["number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour", "scheduled_at",
-                  "started_at", "ended_at", "stop_reason", "outcome", "exit_code", "backfilled"]
+        fields = ["number", "state", "gpu_type", "gpu_count", "nodes", "rate_per_gpu_hour", "charged",
+                  "scheduled_at", "started_at", "ended_at", "stop_reason", "outcome", "exit_code",
+                  "backfilled"]
+
+    def get_nodes(self, attempt: JobAttempt) -> list[str]:
+        """The nodes its GPUs were on."""
+        return sorted({a.node.name for a in attempt.allocations.all()})
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -89,7 +97,8 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
                   "regions", "depends_on", "dependency", "held", "wait_reason", "wait_detail", "end_reason",
-                  "estimate", "hold", "attempt_count", "submitted_at", "updated_at", "finished_at"]
+                  "estimate", "hold", "attempt_count", "max_retries", "submitted_at", "updated_at",
+                  "finished_at"]
         read_only_fields = fields
 
     def get_dependency(self, job: Job) -> str | None:
@@ -144,7 +153,8 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "dependency": str(job.dependency) or None, "held": bool(job.held),
         "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
         "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
-        "attempt_count": int(job.attempt_count), "submitted_at": _when(job.submitted_at),
+        "attempt_count": int(job.attempt_count), "max_retries": int(job.max_retries),
+        "submitted_at": _when(job.submitted_at),
         "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],
     }
 

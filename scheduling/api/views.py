@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -31,7 +31,7 @@ from scheduling.api.serializers import (
     render_job_priority,
     render_new_job,
 )
-from scheduling.models import Job
+from scheduling.models import Job, JobAttempt
 from scheduling.selectors import job_standing
 from scheduling.services.lifecycle import cancel_job, hold_job, release_job
 from scheduling.services.submission import JobSpec, submit_job
@@ -42,6 +42,13 @@ from scheduling.services.submission_sql import submit_job_in_sql
 # (deep copies), which cost more than validating one body. See `config.api.serializers.validated`.
 _JOB_SUBMIT = JobSubmitSerializer()
 _JOB_SUBMIT.fields  # noqa: B018 (build the fields now, not racing on first use)
+
+
+# What a job's detail shows of its attempts: type, the charge (its hold), the nodes it ran on.
+ATTEMPT_DETAIL = (
+    Prefetch("attempts", queryset=JobAttempt.objects.select_related("gpu_type", "hold")
+             .prefetch_related("allocations__node").order_by("number")),
+)
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
@@ -152,7 +159,9 @@ class JobDetailView(GenericAPIView):
 
     @extend_schema(operation_id="jobs_retrieve", responses=JobDetailSerializer)
     def get(self, request: Request, job_id: int) -> Response:
-        job = get_visible_job(request.user, job_id)
+        job = visible_jobs(request.user).prefetch_related(*ATTEMPT_DETAIL).filter(pk=job_id).first()
+        if job is None:
+            raise Http404("No such job.")
         return Response(JobDetailSerializer(job).data)
 
 
@@ -194,7 +203,7 @@ class _JobActionView(GenericAPIView):
 
         def effect() -> tuple[int, Any]:
             self.act(job, request.user)
-            fresh = visible_jobs(request.user).prefetch_related("attempts__gpu_type").get(pk=job.pk)
+            fresh = visible_jobs(request.user).prefetch_related(*ATTEMPT_DETAIL).get(pk=job.pk)
             return 200, JobDetailSerializer(fresh).data
 
         return run_idempotent(request, effect)
