@@ -113,6 +113,7 @@ class _Pass:
         self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
         self._walls: dict[int, dict[str, float]] = {}  # job id -> {acceptable type: max wall}
         self._settled = False  # see nothing_can_start
+        self._not_ready: dict[str, dict[str, int]] | None = None  # see _not_ready_note
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -301,9 +302,26 @@ class _Pass:
                     reasons.RESOURCES,
                     f"reserved: earliest start {reasons.utc_time(res.start_at)} on {res.gpu_type}{exempt}",
                 )
-            detail = f"does not fit the ready fleet even when idle{exempt}"
+            detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
         return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, _NO_FREE_GANG + exempt)
+
+    def _not_ready_note(self, types: list[str]) -> str:
+        """Nodes of these types the pass cannot use now, by state: a job that fits only once a
+        drained, out-of-service or silent node is back should say so, not just "does not fit"."""
+        if self._not_ready is None:  # once per pass: {gpu type: {state: nodes}}
+            self._not_ready = defaultdict(lambda: defaultdict(int))
+            for node in self.snap.nodes:
+                if node.state != "ready":
+                    self._not_ready[node.gpu_type][node.state] += 1
+        counts: dict[str, int] = defaultdict(int)
+        for t in types:
+            for state, n in self._not_ready.get(t, {}).items():
+                counts[state] += n
+        if not counts:
+            return ""
+        listed = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        return f" (not ready now: {listed} node{'s' if sum(counts.values()) > 1 else ''} of its types)"
 
     def _exempt_note(self, job: PendingJob, types: list[str]) -> str:
         """For a job that may preempt but found no victims: when the first lower-class job on its

@@ -29,3 +29,13 @@ def test_production_preempts_premium() -> None:
     run = [running(50, ((1, tuple(range(8))),), cls="premium", started=0, wall=99_999)]
     res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], run, now=10_000.0))
     assert [p.job_id for p in res.preemptions] == [50]
+
+
+def test_a_job_that_fits_only_on_nodes_not_ready_says_so() -> None:
+    # Two 8-GPU H100 nodes, one drained and one down: the 8-GPU job fits neither ready node.
+    nodes = [node(1, gpus=4), node(2, state="draining"), node(3, state="down"), node(4, "A100", state="down")]
+    res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))]))
+    (skip,) = res.skips
+    assert skip.detail == (
+        "does not fit the ready fleet even when idle (not ready now: 1 down, 1 draining nodes of its types)"
+    )
