@@ -140,9 +140,36 @@ def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
                             silent_before=now - down_after, reason="node-down")
     lost = end_attempts_on_down_nodes(limit=limit)
     evicted = evict_from_nodes_out_of_service(limit=limit)
+    overdue = stop_overdue_attempts(limit=limit)
     counts = Node.objects.values_list("state", "cordon").annotate(n=Count("id")).order_by()
     metrics.nodes_by_state({(state, cordon): n for state, cordon, n in counts})
-    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost, "evicted": evicted}
+    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost, "evicted": evicted,
+            "overdue": overdue}
+
+
+OVERDUE_SLACK_SECONDS = 60
+
+
+def stop_overdue_attempts(*, limit: int = 200) -> int:
+    """Ask for the stop of attempts running past their max wall time plus the stop grace and a
+    minute: the agent enforces max wall, and should it not (a wedged runner, an old agent) while its
+    node still answers, the server does, so GPUs are never held by a job that should have ended
+    (billing is capped at the max wall time anyway). Silent nodes are the node sweep's business."""
+    now = db_now()
+    grace = int(getattr(settings, "SCHEDULER_STOP_GRACE_SECONDS", 30))
+    running = (
+        JobAttempt.objects.filter(state=AttemptState.RUNNING, started_at__isnull=False,
+                                  allocations__released_at__isnull=True,
+                                  allocations__node__state=NodeState.READY)
+        .values_list("pk", "started_at", "job__max_wall_seconds").distinct().order_by("pk")
+    )
+    overdue = [
+        pk for pk, started, wall in running
+        if started + timedelta(seconds=wall + grace + OVERDUE_SLACK_SECONDS) < now
+    ][:limit]
+    for attempt in JobAttempt.objects.filter(pk__in=overdue).order_by("pk"):
+        request_stop(attempt=attempt, reason="timed_out", grace_seconds=grace)
+    return len(overdue)
 
 
 def evict_from_nodes_out_of_service(*, limit: int = 200, node_ids: list[int] | None = None) -> int:

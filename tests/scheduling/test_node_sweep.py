@@ -33,13 +33,31 @@ def test_silent_node_goes_unknown_then_down_and_its_attempts_are_requeued(
     node = fleet["node"]
 
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=db_now() - timedelta(seconds=120))
-    assert sweep_nodes() == {"unknown": 1, "down": 0, "lost": 0, "evicted": 0}
+    assert sweep_nodes() == {"unknown": 1, "down": 0, "lost": 0, "evicted": 0, "overdue": 0}
     assert Node.objects.get(pk=node.pk).state == NodeState.UNKNOWN
 
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=db_now() - timedelta(seconds=600))
-    assert sweep_nodes() == {"unknown": 0, "down": 1, "lost": 1, "evicted": 0}
+    assert sweep_nodes() == {"unknown": 0, "down": 1, "lost": 1, "evicted": 0, "overdue": 0}
     assert Node.objects.get(pk=node.pk).state == NodeState.DOWN
     attempt.refresh_from_db()
     assert (attempt.state, attempt.outcome) == (AttemptState.ENDED, "lost")
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
-    assert sweep_nodes() == {"unknown": 0, "down": 0, "lost": 0, "evicted": 0}  # idempotent
+    assert sweep_nodes() == {"unknown": 0, "down": 0, "lost": 0, "evicted": 0, "overdue": 0}  # idempotent
+
+
+def test_an_attempt_running_past_its_max_wall_is_stopped_by_the_server(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """QA: with the agent not enforcing max wall, nothing on the server did while the node answered."""
+    job = make_job(JobState.RUNNING, gpu_count=1, max_wall_seconds=60)
+    started = db_now() - timedelta(seconds=60 + 30 + 59)  # wall + stop grace + just under the slack
+    attempt = make_attempt(job, AttemptState.RUNNING, gpu_count=1, started_at=started)
+    Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=0, allocated_at=started)
+    assert sweep_nodes()["overdue"] == 0
+    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=started - timedelta(seconds=2))
+    assert sweep_nodes()["overdue"] == 1
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.stop_reason, attempt.grace_seconds) == (
+        AttemptState.STOPPING, "timed_out", 30,
+    )
+    assert sweep_nodes()["overdue"] == 0  # asked once
