@@ -23,7 +23,8 @@ from agent.logs import alog
 log = logging.getLogger("agent.runner")
 
 # Outcomes the server knows (docs/agent-protocol.md §5); stop reasons are a subset.
-STOP_REASONS = frozenset({"preempted", "evicted", "cancelled", "out_of_credit", "timed_out"})
+# lost: the server already ended the attempt as lost (its node was silent) and it is still running.
+STOP_REASONS = frozenset({"preempted", "evicted", "cancelled", "out_of_credit", "timed_out", "lost"})
 # Environment variables of the agent that a job must never see (the node token grants node powers).
 _PRIVATE_ENV = ("GPUBANK_AGENT_TOKEN",)
 

@@ -32,7 +32,8 @@ ALLOC = Allocation._meta.db_table
 NODE = Node._meta.db_table
 # Postgres' bigint ceiling: a value beyond it is a broken agent, not usage.
 MAX_BIGINT = 2**63 - 1
-STOP_REASONS = frozenset({"preempted", "evicted", "cancelled", "out_of_credit", "timed_out"})
+# lost: the server already ended the attempt as lost (its node was silent) and it is still running.
+STOP_REASONS = frozenset({"preempted", "evicted", "cancelled", "out_of_credit", "timed_out", "lost"})
 
 
 @dataclass(frozen=True)

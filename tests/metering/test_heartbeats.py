@@ -104,6 +104,18 @@ def test_stop_requests_ride_on_the_response(
     assert result.stop == [{"attempt_id": a.pk, "reason": "preempted", "grace_seconds": 15}]
 
 
+def test_an_attempt_the_server_ended_as_lost_is_stopped_as_lost(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """Its node was silent long enough for the server to end it; the agent, back, still runs it and
+    is told why (QA: its log said "stopping (cancelled)")."""
+    funded()
+    a = make_attempt()
+    JobAttempt.objects.filter(pk=a.pk).update(state=AttemptState.ENDED, outcome="lost")
+    result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 100)])
+    assert result.stop == [{"attempt_id": a.pk, "reason": "lost", "grace_seconds": 0}]
+
+
 def test_portable_path_bills_exactly_like_the_one_statement_path(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
 ) -> None:
