@@ -199,13 +199,13 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Hold the selected queued jobs (not scheduled until released)")
     def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        from scheduling.services.lifecycle import hold_job
+        from scheduling.services.holding import hold_job
 
         self._each(request, queryset, hold_job)
 
     @admin.action(description="Release the selected held jobs")
     def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        from scheduling.services.lifecycle import release_job
+        from scheduling.services.holding import release_job
 
         self._each(request, queryset, release_job)
 

@@ -33,7 +33,8 @@ from scheduling.api.serializers import (
 )
 from scheduling.models import Job, JobAttempt
 from scheduling.selectors import job_standing
-from scheduling.services.lifecycle import cancel_job, hold_job, release_job
+from scheduling.services.holding import hold_job, release_job
+from scheduling.services.lifecycle import cancel_job
 from scheduling.services.submission import JobSpec, submit_job
 from scheduling.services.submission_sql import enabled as submission_in_sql
 from scheduling.services.submission_sql import submit_job_in_sql

@@ -95,11 +95,11 @@ def retry_backoff(retry_number: int) -> timedelta:
     return timedelta(seconds=min(cap, base * 2 ** max(0, retry_number - 1)))
 
 
-def _lock_job(job_id: int) -> Job:
+def lock_job(job_id: int) -> Job:
     return Job.objects.select_for_update(of=("self",)).get(pk=job_id)
 
 
-def _actor(actor: Any) -> tuple[str, str]:
+def audit_actor(actor: Any) -> tuple[str, str]:
     if actor is None:
         return AuditEvent.ActorType.SYSTEM, ""
     return AuditEvent.ActorType.USER, str(getattr(actor, "pk", actor))
@@ -121,7 +121,7 @@ def transition(
     Locks the job row and re-reads it, so `job` may be stale; raises IllegalTransition when the
     current state does not allow `to`. Updates `job` in place and returns it.
     """
-    current = _lock_job(job.pk)
+    current = lock_job(job.pk)
     if not can_transition(current.state, to):
         raise IllegalTransition(
             f"Job {job.pk} cannot go from {current.state} to {to}.",
@@ -137,7 +137,7 @@ def transition(
     )
     if changed != 1:  # impossible under the lock; the check keeps the claim honest
         raise IllegalTransition(f"Job {job.pk} changed state concurrently.", job_id=job.pk)
-    kind, actor_id = _actor(actor)
+    kind, actor_id = audit_actor(actor)
     record(
         action="sched.job.transition",
         subject_type="job",
@@ -173,7 +173,7 @@ def cancel_dependents(*, job_id: int, ended: str) -> int:
 
 
 def _cancel_for_dependency(*, dependent_id: int, dependency_id: int, ended: str) -> int:
-    job = _lock_job(dependent_id)
+    job = lock_job(dependent_id)
     if job.state != S.QUEUED:  # started or ended meanwhile: nothing to cancel
         return 0
     if job.current_hold_id is not None:
@@ -203,7 +203,7 @@ def mark_attempt_started(*, attempt: JobAttempt) -> JobAttempt:
     Idempotent: a repeated start report changes nothing. An attempt already asked to stop keeps
     `stopping` but records its start time.
     """
-    job = _lock_job(attempt.job_id)
+    job = lock_job(attempt.job_id)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
     if attempt.state == AttemptState.ENDED or attempt.started_at is not None:
         return attempt
@@ -241,7 +241,7 @@ def request_stop(
     """
     if grace_seconds is None:
         grace_seconds = _setting("SCHEDULER_STOP_GRACE_SECONDS", 30)
-    _lock_job(attempt.job_id)
+    lock_job(attempt.job_id)
     current = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
     if not _stop_changes(current, reason):
         return current
@@ -277,7 +277,7 @@ def request_stop(
 def cancel_job(*, job: Job, actor: Any = None) -> Job:
     """Cancel a job. Queued: release its hold and cancel now. Scheduled/running: stop the attempt;
     the job becomes cancelled when the agent reports the exit. Cancelling twice is a no-op."""
-    job = _lock_job(job.pk)
+    job = lock_job(job.pk)
     if job.state == S.CANCELLED:
         return job
     if job.state in (S.QUEUED, S.PREEMPTED):
@@ -290,7 +290,7 @@ def cancel_job(*, job: Job, actor: Any = None) -> Job:
         attempt = JobAttempt.objects.filter(job=job, state__in=LIVE_ATTEMPT_STATES).first()
         if attempt is not None:
             request_stop(attempt=attempt, reason="cancelled")
-        kind, actor_id = _actor(actor)
+        kind, actor_id = audit_actor(actor)
         record(
             action="sched.job.cancel_requested",
             subject_type="job",
@@ -305,57 +305,6 @@ def cancel_job(*, job: Job, actor: Any = None) -> Job:
     raise IllegalTransition(
         f"Job {job.pk} already ended ({job.state}).", job_id=job.pk, state=job.state, to=S.CANCELLED
     )
-
-
-@transaction.atomic
-def hold_job(*, job: Job, actor: Any = None) -> Job:
-    """Keep a queued job from being scheduled until it is released (Slurm's `scontrol hold`); its
-    credits stay held. Holding a held job changes nothing; a job in any other state is 409."""
-    job = _lock_job(job.pk)
-    if job.state != S.QUEUED:
-        raise IllegalTransition(
-            f"Job {job.pk} is {job.state}; only a queued job can be held.", job_id=job.pk, state=job.state
-        )
-    if job.held:
-        return job
-    return _set_held(job, actor, held=True, wait=(reasons.HELD, held_detail(actor)))
-
-
-def held_detail(actor: Any) -> str:
-    who = actor.get_username() if hasattr(actor, "get_username") else "the system"
-    return f"held by {who} until released (POST /api/v1/jobs/<id>/release)"[:255]
-
-
-@transaction.atomic
-def release_job(*, job: Job, actor: Any = None) -> Job:
-    """Let a held job be scheduled again; its aging restarts now (holding never buys queue time).
-    Releasing a job that is not held changes nothing."""
-    job = _lock_job(job.pk)
-    if not job.held:
-        return job
-    now = db_now()
-    wait = dependencies.wait_reason_of(job)
-    if not wait[0] and job.not_before is not None and job.not_before > now:
-        wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
-    job = _set_held(job, actor, held=False, wait=wait, aging_from=now)
-    from scheduling.tasks import schedule_soon
-
-    schedule_soon(trigger="release")
-    return job
-
-
-def _set_held(job: Job, actor: Any, *, held: bool, wait: tuple[str, str], **fields: Any) -> Job:
-    now = db_now()
-    Job.objects.filter(pk=job.pk).update(held=held, wait_reason=wait[0], wait_detail=wait[1], updated_at=now,
-                                         **fields)
-    kind, actor_id = _actor(actor)
-    record(action="sched.job.hold" if held else "sched.job.release", subject_type="job", subject_id=job.pk,
-           org_id=job.org_id, actor_type=kind, actor_id=actor_id,
-           reason_code=reasons.HELD if held else "released", data={"state": job.state})
-    job.held, (job.wait_reason, job.wait_detail), job.updated_at = held, wait, now
-    for name, value in fields.items():
-        setattr(job, name, value)
-    return job
 
 
 def _release_whole_hold(*, hold_id: int, key: str, actor: Any) -> None:
@@ -388,7 +337,7 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
 
     Exactly once: a second report for an ended attempt returns the job unchanged.
     """
-    job = _lock_job(attempt.job_id)
+    job = lock_job(attempt.job_id)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt.pk)
     if attempt.state == AttemptState.ENDED:
         return job
@@ -487,7 +436,7 @@ def fund_waiting_jobs(*, limit: int = 100) -> int:
     funded = 0
     for job_id in ids:
         with transaction.atomic():
-            job = _lock_job(job_id)
+            job = lock_job(job_id)
             if job.state == S.QUEUED and job.current_hold_id is None:
                 funded += fund_job(job=job)
     return funded

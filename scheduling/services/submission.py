@@ -21,7 +21,7 @@ from scheduling.core import reasons
 from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
 from scheduling.services import dependencies
-from scheduling.services.lifecycle import held_detail
+from scheduling.services.holding import held_detail
 from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds, place_job_hold
 
 logger = logging.getLogger(__name__)

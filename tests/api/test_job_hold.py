@@ -15,7 +15,7 @@ from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
 from scheduling.models import Job, JobState
-from scheduling.services.lifecycle import hold_job
+from scheduling.services.holding import hold_job
 from scheduling.services.tick import run_scheduling_pass
 from tests.api.conftest import client_for
 from tests.api.factories import Tenant, make_tenant

@@ -1,0 +1,71 @@
+"""Holding a queued job back (Slurm's `scontrol hold` / `release`, `sbatch --hold`).
+
+Not a state change: a held job stays `queued` with its credits held; `held` keeps it out of the
+scheduler's snapshot (`adapter.snapshot.load_pending`) and out of a placement decided before it
+was held (`adapter.writer`, under the job's row lock). Its aging restarts at the release
+(`Job.aging_from`), so holding a job never buys it queue time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from audit.services import record
+from config.clock import db_now
+from scheduling.core import reasons
+from scheduling.models import Job, JobState
+from scheduling.services import dependencies
+from scheduling.services.lifecycle import IllegalTransition, audit_actor, lock_job
+
+
+@transaction.atomic
+def hold_job(*, job: Job, actor: Any = None) -> Job:
+    """Keep a queued job from being scheduled until it is released (Slurm's `scontrol hold`); its
+    credits stay held. Holding a held job changes nothing; a job in any other state is 409."""
+    job = lock_job(job.pk)
+    if job.state != JobState.QUEUED:
+        raise IllegalTransition(
+            f"Job {job.pk} is {job.state}; only a queued job can be held.", job_id=job.pk, state=job.state
+        )
+    if job.held:
+        return job
+    return _set_held(job, actor, held=True, wait=(reasons.HELD, held_detail(actor)))
+
+
+def held_detail(actor: Any) -> str:
+    who = actor.get_username() if hasattr(actor, "get_username") else "the system"
+    return f"held by {who} until released (POST /api/v1/jobs/<id>/release)"[:255]
+
+
+@transaction.atomic
+def release_job(*, job: Job, actor: Any = None) -> Job:
+    """Let a held job be scheduled again; its aging restarts now (holding never buys queue time).
+    Releasing a job that is not held changes nothing."""
+    job = lock_job(job.pk)
+    if not job.held:
+        return job
+    now = db_now()
+    wait = dependencies.wait_reason_of(job)
+    if not wait[0] and job.not_before is not None and job.not_before > now:
+        wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
+    job = _set_held(job, actor, held=False, wait=wait, aging_from=now)
+    from scheduling.tasks import schedule_soon
+
+    schedule_soon(trigger="release")
+    return job
+
+
+def _set_held(job: Job, actor: Any, *, held: bool, wait: tuple[str, str], **fields: Any) -> Job:
+    now = db_now()
+    Job.objects.filter(pk=job.pk).update(held=held, wait_reason=wait[0], wait_detail=wait[1], updated_at=now,
+                                         **fields)
+    kind, actor_id = audit_actor(actor)
+    record(action="sched.job.hold" if held else "sched.job.release", subject_type="job", subject_id=job.pk,
+           org_id=job.org_id, actor_type=kind, actor_id=actor_id,
+           reason_code=reasons.HELD if held else "released", data={"state": job.state})
+    job.held, (job.wait_reason, job.wait_detail), job.updated_at = held, wait, now
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return job
