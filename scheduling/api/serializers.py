@@ -233,3 +233,34 @@ def render_job_priority(found: Any) -> dict[str, Any]:
             wall_seconds=standing.wall_seconds, waited_seconds=standing.waited_seconds,
         )
     return JobPrioritySerializer(body).data
+
+
+class ShareLevelSerializer(serializers.Serializer):
+    weight = serializers.FloatField(help_text="Its fair-share weight (1 unless set).")
+    share = serializers.FloatField(help_text="Its weight over its siblings' total.")
+    usage = serializers.FloatField(help_text="Its part of its siblings' decayed usage (0 to 1).")
+    usage_gpu_hours = serializers.FloatField(help_text="Its decayed usage, GPU-hours.")
+    level_fair_share = serializers.FloatField(allow_null=True, help_text="share / usage; null: used nothing.")
+
+
+class ShareUserSerializer(ShareLevelSerializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    fair_share_factor = serializers.FloatField(
+        allow_null=True, help_text="In (0, 1], 1 = most under-served; null without queued or running jobs."
+    )
+
+
+class ShareProjectSerializer(ShareLevelSerializer):
+    id = serializers.IntegerField()
+    slug = serializers.CharField()
+    users = ShareUserSerializer(many=True)
+
+
+class OrgFairShareSerializer(ShareLevelSerializer):
+    """An org's fair-share tree as the scheduler ranks it (Slurm's sshare -l)."""
+
+    org = serializers.IntegerField()
+    computed_at = serializers.DateTimeField()
+    half_life_seconds = serializers.FloatField()
+    projects = ShareProjectSerializer(many=True)

@@ -9,6 +9,7 @@ from scheduling.api.views import (
     JobListCreateView,
     JobPriorityView,
     JobReleaseView,
+    OrgFairShareView,
 )
 
 urlpatterns = [
@@ -18,4 +19,5 @@ urlpatterns = [
     path("jobs/<int:job_id>/priority", JobPriorityView.as_view(), name="job-priority"),
     path("jobs/<int:job_id>/hold", JobHoldView.as_view(), name="job-hold"),
     path("jobs/<int:job_id>/release", JobReleaseView.as_view(), name="job-release"),
+    path("orgs/<int:org_id>/fair-share", OrgFairShareView.as_view(), name="org-fair-share"),
 ]

@@ -13,8 +13,10 @@ from rest_framework.response import Response
 
 from accounts.selectors import (
     can_submit,
+    get_visible_org,
     get_visible_project_for_submit,
     job_write_refusal,
+    require_org_reader,
     visible_projects,
 )
 from config import metrics
@@ -27,10 +29,12 @@ from scheduling.api.serializers import (
     JobPrioritySerializer,
     JobSerializer,
     JobSubmitSerializer,
+    OrgFairShareSerializer,
     render_hold_summary,
     render_job_priority,
     render_new_job,
 )
+from scheduling.fairshare_report import org_fair_share
 from scheduling.models import Job, JobAttempt
 from scheduling.selectors import job_standing
 from scheduling.services.holding import hold_job, release_job
@@ -179,6 +183,23 @@ class JobPriorityView(GenericAPIView):
     def get(self, request: Request, job_id: int) -> Response:
         job = get_visible_job(request.user, job_id)
         return Response(render_job_priority(job_standing(job)))
+
+
+class OrgFairShareView(GenericAPIView):
+    serializer_class = OrgFairShareSerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(
+        operation_id="orgs_fair_share", responses=OrgFairShareSerializer,
+        description="The org's fair-share tree as the scheduler ranks it: the org among the orgs "
+        "with work, its projects and their members, each with weight, share and decayed usage among "
+        "its siblings, level fair share, and the fair-share factor of users with queued or running "
+        "jobs (Slurm's sshare -l). Org members and finance.",
+    )
+    def get(self, request: Request, org_id: int) -> Response:
+        org = get_visible_org(request.user, org_id)
+        require_org_reader(request.user, org)
+        return Response(OrgFairShareSerializer(org_fair_share(org)).data)
 
 
 class _JobActionView(GenericAPIView):
