@@ -115,3 +115,11 @@ def test_a_job_held_while_a_pass_runs_is_not_placed_and_keeps_its_reason(
 def test_held_is_validated_at_submission(api: APIClient, job_body: Callable) -> None:
     response = post(api, job_body(held="yes"))
     assert response.status_code == 400 and "held" in response.json()["errors"]
+
+
+def test_cancelling_a_held_job_ends_the_hold_too(api: APIClient, job_body: Callable) -> None:
+    job = submit(api, job_body, held=True)
+    cancelled = act(api, job["id"], "cancel").json()
+    assert (cancelled["state"], cancelled["held"], cancelled["hold"]["state"]) == (
+        "cancelled", False, "settled",
+    )
