@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db import connection
 from django.db.models import Max, Q
 
 from accounts.selectors import visible_projects
@@ -58,6 +59,7 @@ def check(*, user: Any, project: Project, spec: JobSpec) -> After:
         errors.append(f"At most {MAX_DEPENDENCIES} dependencies.")
     if len(set(ids)) != len(ids):
         errors.append("Dependencies must not repeat.")
+    _key_share(ids)
     found = {job.pk: job for job in Job.objects.filter(pk__in=ids, project__in=visible_projects(user))}
     errors += [f"Unknown job {job_id}." for job_id in ids if job_id not in found]
     for job_id in sorted(found):
@@ -71,6 +73,26 @@ def check(*, user: Any, project: Project, spec: JobSpec) -> After:
     waiting = sorted(job_id for job_id, job in found.items() if not met(job.state, spec.dependency))
     reason, detail = _wait(waiting, spec.dependency)
     return After(tuple(found[i] for i in ids), tuple(ids), reason, detail)
+
+
+def _key_share(ids: tuple[int, ...]) -> None:
+    """Lock the dependencies' rows FOR KEY SHARE now, before the job insert and the ledger's locks,
+    and read their states after (the caller's next query).
+
+    The link rows' foreign keys would take this very lock at COMMIT (Django's constraints are
+    deferred), after the submission has locked the org's budget and bucket rows; a dependency
+    ending at that moment holds its job row FOR UPDATE and waits for those same bucket rows to
+    settle its hold: a deadlock (found by tests/api/test_dependency_race.py). Taken here, it keeps
+    the lock order (job rows before ledger rows): an ending that locked first is waited for and
+    its outcome seen; one that comes later waits for this submission, and its cascade sees it.
+    KEY SHARE does not block other submissions naming the same job."""
+    if connection.vendor != "postgresql" or not ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Job._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",  # noqa: S608
+            [sorted(set(ids))],
+        )
 
 
 def _wait(waiting: list[int], dependency: str) -> tuple[str, str]:
