@@ -6,14 +6,14 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from simple_history.admin import SimpleHistoryAdmin
 
 from accounts.models import ApiKey, Membership, Organization, OrgMembership, Project, Region
 from accounts.services import create_api_key, revoke_api_key
+from config.history_admin import ViewOnlyHistoryAdmin
 
 
 @admin.register(Region)
-class RegionAdmin(SimpleHistoryAdmin):
+class RegionAdmin(ViewOnlyHistoryAdmin):
     list_display = ("code", "name")
     search_fields = ("code", "name")
 
@@ -25,7 +25,7 @@ class OrgMembershipInline(admin.TabularInline):
 
 
 @admin.register(Organization)
-class OrganizationAdmin(SimpleHistoryAdmin):
+class OrganizationAdmin(ViewOnlyHistoryAdmin):
     list_display = ("slug", "name", "home_region", "hold_window_seconds", "max_inflight_submissions")
     search_fields = ("slug", "name")
     list_filter = ("home_region",)
@@ -39,7 +39,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Project)
-class ProjectAdmin(SimpleHistoryAdmin):
+class ProjectAdmin(ViewOnlyHistoryAdmin):
     list_display = ("slug", "name", "org", "fair_share_weight")
     search_fields = ("slug", "name", "org__slug")
     list_filter = ("org",)
@@ -52,7 +52,7 @@ class ProjectAdmin(SimpleHistoryAdmin):
 
 
 @admin.register(OrgMembership)
-class OrgMembershipAdmin(SimpleHistoryAdmin):
+class OrgMembershipAdmin(ViewOnlyHistoryAdmin):
     list_display = ("org", "user", "role")
     list_filter = ("role",)
     search_fields = ("org__slug", "user__username")
@@ -60,7 +60,7 @@ class OrgMembershipAdmin(SimpleHistoryAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(SimpleHistoryAdmin):
+class MembershipAdmin(ViewOnlyHistoryAdmin):
     list_display = ("project", "user", "role", "fair_share_weight")
     list_filter = ("role",)
     search_fields = ("project__slug", "user__username")

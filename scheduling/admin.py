@@ -4,15 +4,17 @@ jobs, attempts, allocations and scheduler passes. Writes that matter go through 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from simple_history.admin import SimpleHistoryAdmin
 
 from config.errors import DomainError
+from config.history_admin import ViewOnlyHistoryAdmin
 from scheduling.models import (
     Allocation,
     GpuPrice,
@@ -46,11 +48,32 @@ def _price_not_yet_in_effect(price: GpuPrice | None) -> bool:
     return price is not None and price.effective_from > timezone.now()
 
 
+class GpuPriceForm(forms.ModelForm):
+    """A price takes effect when it is saved or later: a back-dated one would rewrite history (the
+    catalog would claim it applied while holds and runs were priced otherwise), and editing a
+    scheduled price into the past would change the price in effect. A time up to a minute ago
+    (typed "now") is taken as now."""
+
+    class Meta:
+        model = GpuPrice
+        fields = ("gpu_type", "price_per_gpu_hour", "effective_from")
+
+    def clean_effective_from(self) -> Any:
+        value = self.cleaned_data["effective_from"]
+        now = timezone.now()
+        if value < now - timedelta(minutes=1):
+            raise forms.ValidationError(
+                "A price takes effect now or later: prices are history (add a new one instead)."
+            )
+        return max(value, now)
+
+
 class GpuPriceInline(admin.TabularInline):
     """New prices only: the rows already there are shown, not editable (a scheduled price is
     corrected on its own page, GPU prices)."""
 
     model = GpuPrice
+    form = GpuPriceForm
     extra = 1
     ordering = ("-effective_from",)
     fields = ("price_per_gpu_hour", "effective_from")
@@ -63,14 +86,15 @@ class GpuPriceInline(admin.TabularInline):
 
 
 @admin.register(GpuType)
-class GpuTypeAdmin(SimpleHistoryAdmin):
+class GpuTypeAdmin(ViewOnlyHistoryAdmin):
     list_display = ("name", "memory_gb")
     search_fields = ("name",)
     inlines = (GpuPriceInline,)
 
 
 @admin.register(GpuPrice)
-class GpuPriceAdmin(SimpleHistoryAdmin):
+class GpuPriceAdmin(ViewOnlyHistoryAdmin):
+    form = GpuPriceForm
     list_display = ("gpu_type", "price_per_gpu_hour", "effective_from")
     list_filter = ("gpu_type",)
     ordering = ("gpu_type", "-effective_from")
@@ -99,7 +123,7 @@ class AllocationInline(ReadOnlyMixin, admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(SimpleHistoryAdmin):
+class NodeAdmin(ViewOnlyHistoryAdmin):
     """`state` is health (heartbeats and the silence sweep keep it; read-only here); an operator
     drains a node or takes it out of service with `cordon`, which heartbeats never undo."""
 
@@ -152,13 +176,13 @@ class NodeAdmin(SimpleHistoryAdmin):
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(SimpleHistoryAdmin):
+class PriorityClassAdmin(ViewOnlyHistoryAdmin):
     list_display = ("name", "rank", "preemptible", "can_preempt")
     ordering = ("-rank",)
 
 
 @admin.register(Quota)
-class QuotaAdmin(SimpleHistoryAdmin):
+class QuotaAdmin(ViewOnlyHistoryAdmin):
     list_display = ("org", "project", "gpu_type", "max_gpus")
     list_filter = ("gpu_type",)
     search_fields = ("org__slug", "project__slug")

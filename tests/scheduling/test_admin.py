@@ -150,3 +150,44 @@ def test_a_projects_org_cannot_be_changed_in_the_admin(staff: Client, fleet: dic
     assert "org" not in form.fields  # shown read-only
     assert b"acme" in staff.get(url).content
     assert staff.get(reverse("admin:accounts_project_add")).context["adminform"].form.fields["org"]
+
+
+def test_history_pages_are_read_only(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: "Revert" on a price's history changed a price in effect (customers were charged 1
+    micro-credit an hour); on a node's it lifted a cordon unaudited and wiped the agent's token."""
+    price = GpuPrice.objects.get(gpu_type=fleet["h100"])
+    version = price.history.first().history_id
+    url = reverse("admin:scheduling_gpuprice_simple_history", args=[price.pk, version])
+    assert staff.get(url).status_code == 200  # still viewable
+    edit = {"gpu_type": fleet["h100"].pk, "price_per_gpu_hour": 1, "effective_from_0": "2026-01-01",
+            "effective_from_1": "00:00"}
+    assert staff.post(url, edit).status_code == 403
+    assert GpuPrice.objects.get(pk=price.pk).price_per_gpu_hour == H100_PRICE
+    node = fleet["node"]
+    Node.objects.filter(pk=node.pk).update(cordon="down")
+    node_version = node.history.first().history_id
+    node_url = reverse("admin:scheduling_node_simple_history", args=[node.pk, node_version])
+    assert staff.post(node_url, {"cordon": ""}).status_code == 403
+    assert Node.objects.get(pk=node.pk).cordon == "down"
+
+
+def test_a_price_cannot_be_back_dated(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: a new price dated in the past became the price in effect at once and rewrote history;
+    a scheduled price could be edited into the past."""
+    add = reverse("admin:scheduling_gpuprice_add")
+    past = timezone.now() - timedelta(days=3)
+    form = {"gpu_type": fleet["h100"].pk, "price_per_gpu_hour": 5_000_000,
+            "effective_from_0": past.strftime("%Y-%m-%d"), "effective_from_1": past.strftime("%H:%M:%S")}
+    response = staff.post(add, form)
+    assert response.status_code == 200  # the form again
+    assert response.context["adminform"].form.errors["effective_from"] == [
+        "A price takes effect now or later: prices are history (add a new one instead)."
+    ]
+    later = timezone.now() + timedelta(days=3)
+    form.update(effective_from_0=later.strftime("%Y-%m-%d"), effective_from_1=later.strftime("%H:%M:%S"))
+    assert staff.post(add, form).status_code == 302
+    scheduled = GpuPrice.objects.get(price_per_gpu_hour=5_000_000)
+    form.update(effective_from_0=past.strftime("%Y-%m-%d"), effective_from_1=past.strftime("%H:%M:%S"))
+    change = reverse("admin:scheduling_gpuprice_change", args=[scheduled.pk])
+    assert staff.post(change, form).status_code == 200
+    assert GpuPrice.objects.get(pk=scheduled.pk).effective_from > timezone.now()
