@@ -102,7 +102,9 @@ def standings_of(jobs: list[Job]) -> Standings:
         version, computed_at, length, fresh_until = current
         keys = {job.pk: _bucket_key(version, job.pk) for job in jobs}
         buckets = cache.get_many(set(keys.values()))
-        found = {job.pk: buckets.get(keys[job.pk], {}).get(job.pk) for job in jobs}
+        # A job not offered now (held, say, since the ordering was made) has no place, cached or not.
+        found = {job.pk: None if _not_offered(job, now) else buckets.get(keys[job.pk], {}).get(job.pk)
+                 for job in jobs}
         if all(found[job.pk] is not None or _not_offered(job, now) for job in jobs):
             if time.time() < fresh_until:
                 return Standings(computed_at, length, found)
@@ -114,7 +116,9 @@ def standings_of(jobs: list[Job]) -> Standings:
     finally:
         if claimed:
             cache.delete(REFRESH_KEY)
-    return Standings(computed_at, len(standings), {job.pk: standings.get(job.pk) for job in jobs})
+    return Standings(computed_at, len(standings), {
+        job.pk: None if _not_offered(job, now) else standings.get(job.pk) for job in jobs
+    })
 
 
 def _not_offered(job: Job, now: datetime) -> bool:

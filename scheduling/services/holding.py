@@ -42,8 +42,12 @@ def held_detail(actor: Any) -> str:
 @transaction.atomic
 def release_job(*, job: Job, actor: Any = None) -> Job:
     """Let a held job be scheduled again; its aging restarts now (holding never buys queue time).
-    Releasing a job that is not held changes nothing."""
+    Releasing a queued job that is not held changes nothing; a job in any other state is 409."""
     job = lock_job(job.pk)
+    if job.state != JobState.QUEUED:
+        raise IllegalTransition(
+            f"Job {job.pk} is {job.state}; only a queued job can be released.", job_id=job.pk, state=job.state
+        )
     if not job.held:
         return job
     now = db_now()

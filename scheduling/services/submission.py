@@ -235,10 +235,14 @@ def submit_job(
         on_inserted(job)
     # One audit event for the submission and its hold: `sched.job.submit` carries the ledger
     # transaction (id, key, buckets) too, so the money movement stays audited in this transaction.
+    data: dict[str, Any] = {"project": project.pk, "idempotency_key": idempotency_key[:255],
+                            "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count}
+    if spec.depends_on:
+        data.update(depends_on=list(spec.depends_on), dependency=spec.dependency)
+    if spec.held:
+        data["held"] = True  # submitted held: the audit trail shows the hold a release later ends
     event = CallerEvent(
-        action="sched.job.submit", subject_type="job", subject_id=job.pk, reason_code="submitted",
-        data={"project": project.pk, "idempotency_key": idempotency_key[:255],
-              "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count},
+        action="sched.job.submit", subject_type="job", subject_id=job.pk, reason_code="submitted", data=data,
     )
     hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
                           fresh=True, audit_as=event)

@@ -123,3 +123,38 @@ def test_cancelling_a_held_job_ends_the_hold_too(api: APIClient, job_body: Calla
     assert (cancelled["state"], cancelled["held"], cancelled["hold"]["state"]) == (
         "cancelled", False, "settled",
     )
+
+
+def test_release_refuses_a_job_that_is_not_queued_and_submission_audits_the_hold(
+    api: APIClient, job_body: Callable
+) -> None:
+    """QA: releasing a cancelled job changed it and was audited; a job submitted held left no trace."""
+    job = submit(api, job_body, held=True)
+    submitted = AuditEvent.objects.get(action="sched.job.submit", subject_id=str(job["id"]))
+    assert submitted.data["held"] is True
+    Job.objects.filter(pk=job["id"]).update(state=JobState.CANCELLED)
+    refused = act(api, job["id"], "release")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == f"Job {job['id']} is cancelled; only a queued job can be released."
+    assert Job.objects.get(pk=job["id"]).held is True  # untouched
+    assert not AuditEvent.objects.filter(action="sched.job.release", subject_id=str(job["id"])).exists()
+
+
+def test_a_job_held_after_the_queue_was_ordered_has_no_position(
+    api: APIClient, job_body: Callable, settings: Any
+) -> None:
+    """QA: for up to the cache's 5 s a just-held job kept its position ("#1 of 1 in the queue · held")."""
+    from django.core.cache import cache
+
+    from scheduling.selectors import CURRENT_KEY
+
+    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
+    cache.delete(CURRENT_KEY)
+    job = submit(api, job_body)
+    try:
+        assert api.get(f"/api/v1/jobs/{job['id']}/priority").json()["position"] == 1
+        act(api, job["id"], "hold")
+        body = api.get(f"/api/v1/jobs/{job['id']}/priority").json()
+        assert (body["position"], body["wait_reason"]) == (None, "held")
+    finally:
+        cache.delete(CURRENT_KEY)
