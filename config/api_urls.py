@@ -13,5 +13,6 @@ urlpatterns = [
     path("", include("budgets.api.urls")),
     path("", include("ledger.api.urls")),
     # Anything else under /api/v1/ is a problem-details 404, not Django's HTML page (keep last).
-    re_path(r"^.*$", api_not_found),
+    # Any path, newlines included (`.` stops at one: "/api/v1/jobs/%0A" got Django's HTML 404).
+    re_path(r"^[\s\S]*$", api_not_found),
 ]

@@ -151,8 +151,12 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
     def _cordon(self, request: HttpRequest, queryset: QuerySet[Node], cordon: str) -> None:
         from scheduling.services.nodes import set_cordon
 
+        names = []
         for node in queryset:
             set_cordon(node=node, cordon=cordon, actor=request.user)
+            names.append(node.name)
+        label = NodeCordon(cordon).label
+        messages.success(request, f"{', '.join(names)}: {label}.")
 
     @admin.action(description="Drain: no new jobs, running ones finish")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -208,30 +212,34 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
     actions = ("cancel", "hold", "release")
     date_hierarchy = "submitted_at"
 
-    def _each(self, request: HttpRequest, queryset: QuerySet[Job], change: Any) -> None:
+    def _each(self, request: HttpRequest, queryset: QuerySet[Job], change: Any, done: str) -> None:
+        ok = 0
         for job in queryset:
             try:
                 change(job=job, actor=request.user)
+                ok += 1
             except DomainError as error:
                 messages.error(request, f"Job {job.pk}: {error.detail}")
+        if ok:
+            messages.success(request, f"{ok} job{'s' if ok > 1 else ''} {done}.")
 
     @admin.action(description="Cancel the selected jobs")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.lifecycle import cancel_job
 
-        self._each(request, queryset, cancel_job)
+        self._each(request, queryset, cancel_job, "cancelled (a running one stops first)")
 
     @admin.action(description="Hold the selected queued jobs (not scheduled until released)")
     def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import hold_job
 
-        self._each(request, queryset, hold_job)
+        self._each(request, queryset, hold_job, "held")
 
     @admin.action(description="Release the selected held jobs")
     def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import release_job
 
-        self._each(request, queryset, release_job)
+        self._each(request, queryset, release_job, "released")
 
 
 @admin.register(JobAttempt)

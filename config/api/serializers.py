@@ -91,3 +91,11 @@ def validated(serializer: serializers.Serializer, data: Any) -> Any:
         if isinstance(detail, list) and len(detail) == 1 and getattr(detail[0], "code", None) == "null":
             detail = {api_settings.NON_FIELD_ERRORS_KEY: [ErrorDetail("No data provided", code="null")]}
         raise serializers.ValidationError(detail) from None
+
+
+def no_query(request: Any) -> None:
+    """A route that takes no query parameters answers any with a 400, as the lists answer an
+    unknown one: a typo (`?fields=`, `?org=`) must never be silently ignored."""
+    if request.query_params:
+        names = sorted(request.query_params)
+        raise serializers.ValidationError({name: ["Unknown query parameter."] for name in names})

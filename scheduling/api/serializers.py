@@ -51,10 +51,20 @@ class JobSubmitSerializer(StrictSerializer):
         "POST /jobs/{id}/release.",
     )
     dependency = serializers.ChoiceField(
-        choices=Dependency.choices, required=False, default=Dependency.AFTER_OK,
-        help_text="afterok: every dependency must complete (one that fails, is cancelled or times "
-        "out cancels this job); afterany: every dependency must end, however.",
+        choices=Dependency.choices, required=False, allow_null=True, default=None,
+        help_text="afterok (the default; also null): every dependency must complete (one that fails, "
+        "is cancelled or times out cancels this job); afterany: every dependency must end, however. "
+        "Only with depends_on.",
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """`dependency` says how `depends_on` must end, so it needs `depends_on` (null = afterok)."""
+        if attrs.get("dependency") is not None and not attrs.get("depends_on"):
+            raise serializers.ValidationError(
+                {"dependency": ["Only with depends_on (the jobs to wait for)."]}
+            )
+        attrs["dependency"] = attrs.get("dependency") or Dependency.AFTER_OK
+        return attrs
 
 
 class HoldSummarySerializer(serializers.ModelSerializer):

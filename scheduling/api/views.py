@@ -22,7 +22,7 @@ from accounts.selectors import (
 from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
-from config.api.serializers import validated
+from config.api.serializers import no_query, validated
 from scheduling.api.serializers import (
     JobDetailSerializer,
     JobListQuerySerializer,
@@ -164,6 +164,7 @@ class JobDetailView(GenericAPIView):
 
     @extend_schema(operation_id="jobs_retrieve", responses=JobDetailSerializer)
     def get(self, request: Request, job_id: int) -> Response:
+        no_query(request)
         job = visible_jobs(request.user).prefetch_related(*ATTEMPT_DETAIL).filter(pk=job_id).first()
         if job is None:
             raise Http404("No such job.")
@@ -181,6 +182,7 @@ class JobPriorityView(GenericAPIView):
         "orders it. 409 `job-not-queued` for a job in any other state.",
     )
     def get(self, request: Request, job_id: int) -> Response:
+        no_query(request)
         job = get_visible_job(request.user, job_id)
         return Response(render_job_priority(job_standing(job)))
 
@@ -197,6 +199,7 @@ class OrgFairShareView(GenericAPIView):
         "jobs (Slurm's sshare -l). Org members and finance.",
     )
     def get(self, request: Request, org_id: int) -> Response:
+        no_query(request)
         org = get_visible_org(request.user, org_id)
         require_org_reader(request.user, org)
         return Response(OrgFairShareSerializer(org_fair_share(org)).data)

@@ -183,3 +183,27 @@ def test_the_backoff_of_a_dependent_and_its_links_are_kept(api: APIClient, job_b
     ]
     Job.objects.filter(pk=second["id"]).update(not_before=timezone.now() + timedelta(hours=1))
     assert pending_ids() == {first["id"]}
+
+
+def test_dependency_needs_depends_on_and_null_means_afterok(api: APIClient, job_body: Callable) -> None:
+    """QA: `dependency` without `depends_on` was dropped silently; `null` (what responses carry) was
+    refused as input."""
+    response = post(api, job_body(dependency="afterany"))
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"dependency": ["Only with depends_on (the jobs to wait for)."]}
+    first = submit(api, job_body)
+    second = submit(api, job_body, depends_on=[first["id"]], dependency=None)
+    assert second["dependency"] == "afterok"
+    assert submit(api, job_body, dependency=None)["dependency"] is None
+
+
+def test_job_routes_without_query_parameters_refuse_them(
+    api: APIClient, job_body: Callable, tenant: Tenant
+) -> None:
+    job = submit(api, job_body)
+    for url in (f"/api/v1/jobs/{job['id']}?x=1", f"/api/v1/jobs/{job['id']}/priority?fields=all"):
+        response = api.get(url)
+        assert response.status_code == 400, url
+        assert list(response.json()["errors"].values()) == [["Unknown query parameter."]]
+    org_url = f"/api/v1/orgs/{tenant.org.pk}/fair-share?org=1"
+    assert client_for(tenant.admin).get(org_url).status_code == 400

@@ -85,3 +85,12 @@ def test_project_member_sees_project_but_not_org_money(victim: Tenant, victim_jo
     assert member.get(f"/api/v1/jobs/{victim_job.pk}").status_code == 200
     response = member.get(f"/api/v1/orgs/{victim.org.pk}/balance")
     assert response.status_code == 403 and response.json()["type"] == "permission-denied"
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/nope", "/api/v1/jobs/%0A", "/api/v1/projects/x%0Ay/members/1/budget"]
+)
+def test_unknown_api_paths_are_problem_404s_even_with_newlines(victim: Tenant, path: str) -> None:
+    response = client_for(victim.user).get(path)
+    assert response.status_code == 404 and response["Content-Type"] == "application/problem+json"
+    assert response.json()["type"] == "not-found"

@@ -54,9 +54,11 @@ def test_issue_token_action(staff: Client, fleet: dict[str, Any]) -> None:
 def test_cancel_action_cancels_a_queued_job(staff: Client, fleet: dict[str, Any],
                                             make_job: Callable[..., Job]) -> None:
     job = make_job(JobState.QUEUED, hold=False)
-    staff.post(reverse("admin:scheduling_job_changelist"),
-               {"action": "cancel", "_selected_action": [job.pk]}, follow=True)
+    response = staff.post(reverse("admin:scheduling_job_changelist"),
+                          {"action": "cancel", "_selected_action": [job.pk]}, follow=True)
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELLED
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == ["1 job cancelled (a running one stops first)."]  # QA: a success said nothing
 
 
 def test_a_price_in_effect_can_be_neither_changed_nor_deleted(staff: Client, fleet: dict[str, Any]) -> None:
