@@ -152,12 +152,31 @@ def transition(
         setattr(job, name, value)
     job.state = to
     job.updated_at = now
-    if to in dependencies.UNSUCCESSFUL:
+    if to in TERMINAL_JOB_STATES:
         # After the commit, in transactions of their own: the ending transaction may already hold
         # the org's ledger rows, and locking a dependent's job row after them would invert the
         # lock order (job before ledger rows) of a concurrent cancel of that dependent.
-        transaction.on_commit(partial(cancel_dependents, job_id=job.pk, ended=to), robust=True)
+        transaction.on_commit(partial(_after_end, job_id=job.pk, ended=to), robust=True)
     return job
+
+
+def _after_end(*, job_id: int, ended: str) -> None:
+    if ended in dependencies.UNSUCCESSFUL:
+        cancel_dependents(job_id=job_id, ended=ended)
+    refresh_dependents(job_id=job_id)
+
+
+def refresh_dependents(*, job_id: int) -> int:
+    """Queued jobs still waiting for this one (and maybe others): their `dependency` detail names
+    only the jobs they still wait for, or is cleared once all have ended (the next pass gives them
+    a reason of its own). Returns how many changed."""
+    changed = 0
+    waiting = Job.objects.filter(state=S.QUEUED, wait_reason=reasons.DEPENDENCY)
+    for dependent in waiting.filter(depends_on=job_id):
+        reason, detail = dependencies.wait_reason_of(dependent)
+        if (reason, detail) != (dependent.wait_reason, dependent.wait_detail):
+            changed += waiting.filter(pk=dependent.pk).update(wait_reason=reason, wait_detail=detail)
+    return changed
 
 
 def cancel_dependents(*, job_id: int, ended: str) -> int:

@@ -207,3 +207,21 @@ def test_job_routes_without_query_parameters_refuse_them(
         assert list(response.json()["errors"].values()) == [["Unknown query parameter."]]
     org_url = f"/api/v1/orgs/{tenant.org.pk}/fair-share?org=1"
     assert client_for(tenant.admin).get(org_url).status_code == 400
+
+
+def test_the_wait_detail_names_only_the_jobs_still_waited_for(
+    api: APIClient, job_body: Callable, django_capture_on_commit_callbacks: Any
+) -> None:
+    """QA: after one of two dependencies completed, the detail still named both."""
+    first, second = submit(api, job_body), submit(api, job_body)
+    third = submit(api, job_body, depends_on=[first["id"], second["id"]])
+    assert third["wait_detail"] == f"after jobs {first['id']}, {second['id']} complete (afterok)"
+    with django_capture_on_commit_callbacks(execute=True):
+        finish_attempt(attempt=run(first["id"]), outcome="completed", exit_code=0)
+    job = Job.objects.get(pk=third["id"])
+    assert (job.wait_reason, job.wait_detail) == (
+        "dependency", f"after jobs {second['id']} complete (afterok)",
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        finish_attempt(attempt=run(second["id"]), outcome="completed", exit_code=0)
+    assert Job.objects.get(pk=third["id"]).wait_reason == ""  # met: the next pass says what it waits for
