@@ -36,12 +36,12 @@ def test_the_tree_matches_what_the_scheduler_ranks(
     assert (body["org"], body["share"], body["usage"], body["level_fair_share"]) == (
         tenant.org.pk, 0.5, 1.0, 0.5,
     )
-    assert body["usage_gpu_hours"] == pytest.approx(1.0, rel=1e-3)
+    assert body["usage_gpu_hours"] == pytest.approx(1.0, rel=3e-3)  # hour buckets decay
     (project,) = body["projects"]
     assert (project["id"], project["share"], project["usage"]) == (tenant.project.pk, 1.0, 1.0)
     (user,) = project["users"]
     assert user["username"] == tenant.user.get_username()
-    assert user["usage_gpu_hours"] == pytest.approx(1.0, rel=1e-3)
+    assert user["usage_gpu_hours"] == pytest.approx(1.0, rel=3e-3)  # hour buckets decay
     # The factor is the one the pass uses: the same as the core computes from the same snapshot.
     snap = load_snapshot(now=timezone.now()).snapshot
     keys = {(j.org_id, j.project_id, j.user_id) for j in snap.pending} | {
