@@ -114,6 +114,8 @@ class _Pass:
         self._walls: dict[int, dict[str, float]] = {}  # job id -> {acceptable type: max wall}
         self._settled = False  # see nothing_can_start
         self._not_ready: dict[str, dict[str, int]] | None = None  # see _not_ready_note
+        self._unfit: dict[tuple[tuple[str, ...], int, int], str] = {}  # see _unfit_note
+        self._group_totals: dict[str, int] | None = None  # largest ready IB group per type
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -211,7 +213,7 @@ class _Pass:
                 walls = self.walls(job)
                 fastest = min(walls, key=walls.__getitem__)
                 queued_ahead[fastest] += job.gpu_count * walls[fastest]
-            decisions.append(Skip(job.id, code, _NO_FREE_GANG))
+            decisions.append(Skip(job.id, code, _NO_FREE_GANG + self._unfit_note(job)))
             wait_reasons[job.id] = code
 
     def skip(self, job: PendingJob, code: str, detail: str = "") -> None:
@@ -266,7 +268,7 @@ class _Pass:
         can_preempt = job.priority_class in self.preempting and not self.preemption_exhausted()
         if self.blocked_by is not None and not can_preempt and self.nothing_can_start():
             self.note_waiting(job, fastest, walls)
-            return self.skip(job, reasons.RESOURCES, _NO_FREE_GANG)
+            return self.skip(job, reasons.RESOURCES, _NO_FREE_GANG + self._unfit_note(job))
         types = self.not_deferred(job, types, walls, fastest)
         # Shape cache (exact): after the first block, a job that cannot preempt and asks for the
         # same types/regions/gang size as one that just failed, with walls at least as long on
@@ -304,7 +306,38 @@ class _Pass:
                 )
             detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
-        return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, _NO_FREE_GANG + exempt)
+        detail = _NO_FREE_GANG + self._unfit_note(job) + exempt
+        return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
+
+    def _unfit_note(self, job: PendingJob) -> str:
+        """For a job blocked without a reservation: "; does not fit the ready fleet even when idle
+        (not ready now: ...)" when no ready node set could hold its gang on any acceptable type even
+        if idle, while nodes of those types are not ready. Regions are ignored, so the claim is
+        never wrong (at worst missing). Nothing to do, and no cost, while every node is ready."""
+        self._not_ready_note([])  # builds the per-type counts once
+        if not self._not_ready:
+            return ""
+        key = (job.gpu_types, job.gpu_memory_gb, job.gpu_count)
+        hit = self._unfit.get(key)
+        if hit is None:
+            types = list(self.acceptable(job))
+            note = self._not_ready_note(types)
+            hit = ""
+            if note and not any(self._fits_idle(t, job.gpu_count) for t in types):
+                hit = f"; does not fit the ready fleet even when idle{note}"
+            self._unfit[key] = hit
+        return hit
+
+    def _fits_idle(self, gpu_type: str, gpus: int) -> bool:
+        """Could an idle ready fleet hold this gang: one node, or nodes of one IB group?"""
+        if gpus <= self.state.max_gpus.get(gpu_type, 0):
+            return True
+        if self._group_totals is None:
+            self._group_totals = defaultdict(int)
+            for gkey, nodes in self.state.group_nodes.items():
+                total = sum(self.state.node[n].gpu_count for n in nodes)
+                self._group_totals[gkey[0]] = max(self._group_totals[gkey[0]], total)
+        return gpus <= self._group_totals.get(gpu_type, 0)
 
     def _not_ready_note(self, types: list[str]) -> str:
         """Nodes of these types the pass cannot use now, by state: a job that fits only once a

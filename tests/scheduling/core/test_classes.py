@@ -39,3 +39,21 @@ def test_a_job_that_fits_only_on_nodes_not_ready_says_so() -> None:
     assert skip.detail == (
         "does not fit the ready fleet even when idle (not ready now: 1 down, 1 draining nodes of its types)"
     )
+
+
+def test_a_job_blocked_behind_a_reservation_still_names_the_nodes_not_ready() -> None:
+    """QA: with another job holding the pass's reservation, the H100 job said only "no free gang"."""
+    nodes = [node(1, "T4", gpus=4), node(2, state="draining"), node(3, state="down"), node(4, gpus=2)]
+    run = [running(50, ((1, (0, 1, 2, 3)),), cls="batch", gpu_type="T4"), running(51, ((4, (0, 1)),))]
+    pending = [
+        job(1, gpus=4, gpu_types=("T4",), cls="premium"),  # blocked first: takes the reservation
+        job(2, gpus=8, gpu_types=("H100",)),  # 8 H100 only fit the two nodes that are not ready
+        job(3, gpus=2, gpu_types=("H100",)),  # fits the ready 2-GPU node once idle: no note
+    ]
+    res = schedule(snap(nodes, pending, run, preemption=False))
+    details = {s.job_id: s.detail for s in res.skips}
+    assert details[2] == (
+        "no free gang of GPUs; does not fit the ready fleet even when idle "
+        "(not ready now: 1 down, 1 draining nodes of its types)"
+    )
+    assert details[3] == "no free gang of GPUs"
