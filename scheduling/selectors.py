@@ -96,29 +96,29 @@ def standings_of(jobs: list[Job]) -> Standings:
     """The standings of these queued jobs: two cache reads while an ordering is current, else
     (or when one of them is missing from it, not in backoff) a fresh ordering."""
     now = db_now()
+    # A job not offered now (held, say, since the ordering was made) has no place, cached or not.
+    offered = {job.pk for job in jobs if not _not_offered(job, now)}
     current = cache.get(CURRENT_KEY) if cache_seconds() > 0 else None
     claimed = False
     if current is not None:
         version, computed_at, length, fresh_until = current
-        keys = {job.pk: _bucket_key(version, job.pk) for job in jobs}
+        keys = {pk: _bucket_key(version, pk) for pk in offered}
         buckets = cache.get_many(set(keys.values()))
-        # A job not offered now (held, say, since the ordering was made) has no place, cached or not.
-        found = {job.pk: None if _not_offered(job, now) else buckets.get(keys[job.pk], {}).get(job.pk)
-                 for job in jobs}
-        if all(found[job.pk] is not None or _not_offered(job, now) for job in jobs):
+        found = {pk: buckets.get(keys[pk], {}).get(pk) for pk in offered}
+        if all(standing is not None for standing in found.values()):
+            by_job = {job.pk: found.get(job.pk) for job in jobs}
             if time.time() < fresh_until:
-                return Standings(computed_at, length, found)
+                return Standings(computed_at, length, by_job)
             claimed = cache.add(REFRESH_KEY, 1, timeout=60)
             if not claimed:  # another caller is ordering the queue: the stale answer meanwhile
-                return Standings(computed_at, length, found)
+                return Standings(computed_at, length, by_job)
     try:
         computed_at, standings = order_queue()
     finally:
         if claimed:
             cache.delete(REFRESH_KEY)
-    return Standings(computed_at, len(standings), {
-        job.pk: None if _not_offered(job, now) else standings.get(job.pk) for job in jobs
-    })
+    by_job = {job.pk: standings.get(job.pk) if job.pk in offered else None for job in jobs}
+    return Standings(computed_at, len(standings), by_job)
 
 
 def _not_offered(job: Job, now: datetime) -> bool:

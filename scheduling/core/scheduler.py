@@ -314,8 +314,7 @@ class _Pass:
         (not ready now: ...)" when no ready node set could hold its gang on any acceptable type even
         if idle, while nodes of those types are not ready. Regions are ignored, so the claim is
         never wrong (at worst missing). Nothing to do, and no cost, while every node is ready."""
-        self._not_ready_note([])  # builds the per-type counts once
-        if not self._not_ready:
+        if not self._not_ready_by_type():
             return ""
         key = (job.gpu_types, job.gpu_memory_gb, job.gpu_count)
         hit = self._unfit.get(key)
@@ -339,17 +338,22 @@ class _Pass:
                 self._group_totals[gkey[0]] = max(self._group_totals[gkey[0]], total)
         return gpus <= self._group_totals.get(gpu_type, 0)
 
-    def _not_ready_note(self, types: list[str]) -> str:
-        """Nodes of these types the pass cannot use now, by state: a job that fits only once a
-        drained, out-of-service or silent node is back should say so, not just "does not fit"."""
-        if self._not_ready is None:  # once per pass: {gpu type: {state: nodes}}
+    def _not_ready_by_type(self) -> dict[str, dict[str, int]]:
+        """{gpu type: {state: nodes}} of the nodes that are not ready, counted once per pass."""
+        if self._not_ready is None:
             self._not_ready = defaultdict(lambda: defaultdict(int))
             for node in self.snap.nodes:
                 if node.state != "ready":
                     self._not_ready[node.gpu_type][node.state] += 1
+        return self._not_ready
+
+    def _not_ready_note(self, types: list[str]) -> str:
+        """Nodes of these types the pass cannot use now, by state: a job that fits only once a
+        drained, out-of-service or silent node is back should say so, not just "does not fit"."""
+        by_type = self._not_ready_by_type()
         counts: dict[str, int] = defaultdict(int)
         for t in types:
-            for state, n in self._not_ready.get(t, {}).items():
+            for state, n in by_type.get(t, {}).items():
                 counts[state] += n
         if not counts:
             return ""

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from ledger.models import HoldState
 from scheduling.models import Job, JobAttempt, JobState
 from scheduling.services.lifecycle import cancel_orphaned_dependents, finish_attempt
 from scheduling.services.submission import JobSpec, submit_job
+from tests.api.concurrency import run_concurrently
 from tests.api.factories import Tenant
 from tests.api.test_job_dependencies import run, submit
 
@@ -32,41 +32,25 @@ def test_dependents_submitted_while_their_dependency_fails_all_end_cancelled(
     spec = JobSpec(name="after", gpu_types=("H100",), gpu_count=1, max_wall_seconds=600,
                    priority_class="standard", depends_on=(first["id"],))
     submitted: list[int] = []
-    errors: list[BaseException] = []
     go = threading.Event()  # the failure starts once a few dependents exist, racing the rest
 
     def submissions() -> None:
-        try:
-            for i in range(DEPENDENTS):
-                if i == 3:
-                    go.set()
-                try:
-                    job = submit_job(user=tenant.user, project=tenant.project, spec=spec,
-                                     idempotency_key=uuid.uuid4().hex)
-                    submitted.append(job.pk)
-                except Exception as exc:
-                    if getattr(exc, "type", "") != "validation-error":
-                        raise
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        for i in range(DEPENDENTS):
+            if i == 3:
+                go.set()
+            try:
+                job = submit_job(user=tenant.user, project=tenant.project, spec=spec,
+                                 idempotency_key=uuid.uuid4().hex)
+                submitted.append(job.pk)
+            except Exception as exc:  # a refusal once the failure is visible
+                if getattr(exc, "type", "") != "validation-error":
+                    raise
 
     def failure() -> None:
-        try:
-            go.wait(10)
-            finish_attempt(attempt=JobAttempt.objects.get(pk=attempt.pk), outcome="failed", exit_code=1)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        go.wait(10)
+        finish_attempt(attempt=JobAttempt.objects.get(pk=attempt.pk), outcome="failed", exit_code=1)
 
-    threads = [threading.Thread(target=submissions), threading.Thread(target=failure)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    run_concurrently([submissions, failure])  # an exception (a deadlock) in either fails the test
     cancel_orphaned_dependents()  # the beat sweep, once
     for job in Job.objects.filter(pk__in=submitted).select_related("current_hold"):
         assert (job.state, job.end_reason) == (JobState.CANCELLED, "dependency-failed"), job.pk

@@ -91,15 +91,22 @@ def test_another_tenants_job_is_404(api: APIClient, job_body: Callable) -> None:
     assert api.get(f"/api/v1/jobs/{job_id}/priority").status_code == 404
 
 
-def test_the_ordering_is_cached_and_a_job_missing_from_it_refreshes_it(
-    api: APIClient, job_body: Callable, settings: Any
-) -> None:
+def _cached_then_raised(api: APIClient, job_body: Callable, settings: Any) -> tuple[int, int]:
+    """A batch and a standard job, ordered and cached (the batch one 2nd); then the batch job is
+    raised to premium, as an admin could, behind the cache's back."""
     settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
     first = submit(api, job_body, priority_class="batch")
     second = submit(api, job_body, priority_class="standard")
     assert priority(api, first)["position"] == 2
-    # Raised above the standard job (as an admin could); the cached ordering does not see it yet ...
     Job.objects.filter(pk=first).update(priority_class=PriorityClass.objects.get(name="premium"))
+    return first, second
+
+
+def test_the_ordering_is_cached_and_a_job_missing_from_it_refreshes_it(
+    api: APIClient, job_body: Callable, settings: Any
+) -> None:
+    first, second = _cached_then_raised(api, job_body, settings)
+    # ... the cached ordering does not see it yet ...
     assert priority(api, first)["position"] == 2
     # ... but a job it does not hold (submitted since) orders the queue afresh, for everyone.
     third = submit(api, job_body, priority_class="production")
@@ -123,11 +130,7 @@ def _make_stale() -> None:
 def test_a_stale_ordering_is_refreshed_by_one_caller_and_served_to_the_others(
     api: APIClient, job_body: Callable, settings: Any
 ) -> None:
-    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
-    first = submit(api, job_body, priority_class="batch")
-    second = submit(api, job_body, priority_class="standard")
-    assert priority(api, first)["position"] == 2
-    Job.objects.filter(pk=first).update(priority_class=PriorityClass.objects.get(name="premium"))
+    first, second = _cached_then_raised(api, job_body, settings)
     _make_stale()
     cache.add(REFRESH_KEY, 1, timeout=60)  # another caller is refreshing it right now
     try:

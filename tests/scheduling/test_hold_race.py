@@ -3,18 +3,17 @@ either held and never placed, or placed and the hold refused (409) -- never both
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from config.errors import DomainError
 from ledger.services import place_hold
 from scheduling.models import Job, JobAttempt, JobState, Node
 from scheduling.services.holding import hold_job
 from scheduling.services.tick import run_scheduling_pass
+from tests.api.concurrency import run_concurrently
 from tests.factories import UserFactory, fund
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,38 +33,19 @@ def test_holds_racing_passes_never_leave_a_held_job_placed(
         jobs.append(make_job(JobState.QUEUED, current_hold=hold, gpu_types=["H100"], gpu_count=1))
     operator = UserFactory()
     refused: list[int] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(2)
 
     def passes() -> None:
-        try:
-            start.wait(10)
-            for _ in range(30):
-                run_scheduling_pass(trigger="race")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        for _ in range(30):
+            run_scheduling_pass(trigger="race")
 
     def holds() -> None:
-        try:
-            start.wait(10)
-            for job in reversed(jobs):  # newest first: the passes place the oldest first
-                try:
-                    hold_job(job=job, actor=operator)
-                except DomainError:  # placed before the hold: a 409 in the API
-                    refused.append(job.pk)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+        for job in reversed(jobs):  # newest first: the passes place the oldest first
+            try:
+                hold_job(job=job, actor=operator)
+            except DomainError:  # placed before the hold: a 409 in the API
+                refused.append(job.pk)
 
-    threads = [threading.Thread(target=passes), threading.Thread(target=holds)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    run_concurrently([passes, holds])  # released together; an exception in either fails the test
     for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
         placed = JobAttempt.objects.filter(job=job).exists()
         if job.held:
