@@ -27,7 +27,7 @@ from scheduling import core
 from scheduling.adapter.repricing import placed_cost, top_up_dearer
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.core import reasons as core_reasons
-from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState
+from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState, Node, NodeCordon, NodeState
 from scheduling.services.lifecycle import can_transition, request_stop_many
 
 log = logging.getLogger("scheduling.adapter")
@@ -122,12 +122,30 @@ def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_typ
     return excess
 
 
+def _nodes_in_service(node_ids: set[int]) -> set[int]:
+    """Those of `node_ids` still ready and not cordoned. On PostgreSQL the rows are locked FOR KEY
+    SHARE: a cordon (`nodes.set_cordon`, FOR UPDATE) committed since the snapshot is seen here, and
+    one that comes later waits for this pass, whose attempts its eviction then finds. Heartbeats
+    (plain UPDATEs of non-key columns) do not wait for it."""
+    if not node_ids:
+        return set()
+    table = Node._meta.db_table
+    lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""  # SQLite: one writer at a time
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {table} WHERE id IN ({', '.join(['%s'] * len(node_ids))}) "  # noqa: S608
+            f"AND state = %s AND cordon = %s ORDER BY id{lock}",
+            [*sorted(node_ids), NodeState.READY, NodeCordon.NONE],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
 def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent]) -> None:
     if not places:
         return
     # Lock the jobs (one query, id order) and keep only those still queued with a hold and not
-    # held by their user since the snapshot was read.
-    numbers = {
+    # held by their user since the snapshot was read, on nodes still in service.
+    locked = {
         job_id: count + 1
         for job_id, count in Job.objects.select_for_update(of=("self",))
         .filter(pk__in=[p.job_id for p in places], state=JobState.QUEUED, current_hold__isnull=False,
@@ -135,6 +153,9 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
         .order_by("pk")
         .values_list("id", "attempt_count")
     }
+    usable = _nodes_in_service({n for p in places if p.job_id in locked for n, _ in p.allocations})
+    numbers = {p.job_id: locked[p.job_id] for p in places
+               if p.job_id in locked and all(n in usable for n, _ in p.allocations)}
     applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
     funded = top_up_dearer(loaded, [p for p in places if p.job_id in numbers], events)
     done, conflicts = _insert_placements(funded, loaded, numbers)

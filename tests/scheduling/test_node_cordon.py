@@ -21,7 +21,9 @@ from config import metrics
 from config.clock import db_now
 from ledger.services import place_hold
 from metering.heartbeats import ingest_heartbeats
+from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
+from scheduling.adapter.writer import apply_result
 from scheduling.models import (
     Allocation,
     AttemptState,
@@ -102,6 +104,28 @@ def test_out_of_service_stops_jobs_with_a_grace_and_requeues_them_without_a_retr
     set_cordon(node=node, cordon=NodeCordon.NONE)
     run_scheduling_pass(trigger="test")
     assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+
+
+@pytest.mark.parametrize("change", ["drain", "down", "health-unknown"])
+def test_a_pass_does_not_place_on_a_node_cordoned_or_unhealthy_since_its_snapshot(
+    change: str, fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job]
+) -> None:
+    node = fleet["node"]
+    fund(tenant["org"], 100_000_000)
+    hold = place_hold(org=tenant["org"], amount=3_000_000, key="stale-snapshot", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    job = make_job(JobState.QUEUED, current_hold=hold, gpu_types=["H100"], gpu_count=1)
+    loaded = load_snapshot(now=timezone.now())
+    result = core.schedule(loaded.snapshot)
+    assert [p.job_id for p in result.placements] == [job.pk]
+    if change == "health-unknown":  # the sweep, between the read and the write
+        Node.objects.filter(pk=node.pk).update(state=NodeState.UNKNOWN)
+    else:
+        set_cordon(node=node, cordon=change)
+    applied = apply_result(loaded=loaded, result=result)
+    assert applied.conflicts == [job.pk] and applied.placed == []
+    assert not Allocation.objects.filter(node=node).exists()
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
 
 
 def test_the_sweep_evicts_from_a_node_taken_out_of_service_elsewhere(
