@@ -1,74 +1,97 @@
-"""Taking a node out of service while scheduling passes run, with real threads on real connections:
-once the cordon has committed and its eviction has run, no attempt on the node is left running
-without a stop request, and no later pass places one there (the writer re-reads the node's cordon
-under a lock that the cordon's own row lock waits for)."""
+"""Taking a node out of service while a scheduling pass runs, on real connections from two threads,
+in the two orders that matter (forced by a hook inside the pass): once the cordon has committed and
+its eviction has run, no attempt on the node is left running without a stop request.
+
+- The cordon commits after the pass read its snapshot and before it writes: the writer re-reads the
+  node and does not place there.
+- The writer has read the node before the cordon: the cordon's row lock waits for the pass to
+  commit, and its eviction then finds the new attempts.
+
+Both fail without the writer's locked re-read (`writer._nodes_in_service`)."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from ledger.services import place_hold
+from scheduling import core
+from scheduling.adapter import writer
 from scheduling.models import AttemptState, Job, JobAttempt, JobState, Node, NodeCordon
-from scheduling.services.lifecycle import finish_attempt
 from scheduling.services.nodes import set_cordon
 from scheduling.services.tick import run_scheduling_pass
-from tests.api.concurrency import run_concurrently
 from tests.factories import fund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOBS = 16
-ROUNDS = 20
+JOBS = 4
 
 
-def _live_unstopped_on(node: Node) -> list[int]:
-    return list(
-        JobAttempt.objects.filter(
-            state__in=(AttemptState.SCHEDULED, AttemptState.RUNNING),
-            allocations__node=node, allocations__released_at__isnull=True,
-        ).distinct().values_list("pk", flat=True)
-    )
+def _attempts_on(node: Node, *states: str) -> list[int]:
+    live = JobAttempt.objects.filter(state__in=states, allocations__node=node,
+                                     allocations__released_at__isnull=True)
+    return list(live.distinct().values_list("pk", flat=True))
 
 
-def test_a_node_taken_out_of_service_during_passes_keeps_no_unstopped_attempt(
-    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job]
+@pytest.mark.parametrize("order", ["cordon-mid-pass", "cordon-after-the-writer-read-the-node"])
+def test_a_node_taken_out_of_service_during_a_pass_keeps_no_unstopped_attempt(
+    order: str, fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     node = fleet["node"]
-    Node.objects.filter(pk=node.pk).update(gpu_count=64)  # room for every job at once
     fund(tenant["org"], 10**12)
     for i in range(JOBS):
         hold = place_hold(org=tenant["org"], amount=4_000_000, key=f"race-{i}", project=tenant["project"],
                           user=tenant["user"], gpu_types=["H100"])
         make_job(JobState.QUEUED, current_hold=hold, gpu_types=["H100"], gpu_count=1)
-    done = threading.Event()
-    missed: list[list[int]] = []
-    placed_during_rounds = 0
+    cordons: list[threading.Thread] = []
 
-    def passes() -> None:
-        while not done.is_set():
-            run_scheduling_pass(trigger="race")
-
-    def cordons() -> None:
-        nonlocal placed_during_rounds
+    def take_out_of_service() -> None:  # an operator, on another connection; eviction runs on commit
         try:
-            for _ in range(ROUNDS):
-                time.sleep(random.uniform(0.0, 0.04))  # so the cordon often lands inside a placing pass
-                placed_during_rounds += JobAttempt.objects.filter(state=AttemptState.SCHEDULED).count()
-                set_cordon(node=node, cordon=NodeCordon.DOWN)  # its eviction runs on commit, here
-                if left := _live_unstopped_on(node):
-                    missed.append(left)
-                for attempt in JobAttempt.objects.filter(state=AttemptState.STOPPING):
-                    finish_attempt(attempt=attempt, outcome="cancelled")  # the agent reports: requeued
-                set_cordon(node=node, cordon=NodeCordon.NONE)
+            set_cordon(node=node, cordon=NodeCordon.DOWN)
         finally:
-            done.set()
+            connection.close()
 
-    run_concurrently([passes, cordons])
-    assert missed == []  # without the writer's node lock: missed in 3 of 4 local runs
-    assert placed_during_rounds > 0  # the passes did place on the node between the cordons
+    def start_cordon() -> threading.Thread:
+        thread = threading.Thread(target=take_out_of_service)
+        thread.start()
+        cordons.append(thread)
+        return thread
+
+    if order == "cordon-mid-pass":
+        decide = core.schedule
+
+        def schedule_then_cordon(snapshot: core.Snapshot) -> core.Result:
+            result = decide(snapshot)
+            assert len(result.placements) == JOBS  # decided on the node while it was in service
+            start_cordon().join()  # committed, and its eviction ran, before this pass writes
+            return result
+
+        monkeypatch.setattr(core, "schedule", schedule_then_cordon)
+    else:
+        top_up = writer.top_up_dearer
+
+        def cordon_while_writing(*args: Any) -> Any:
+            start_cordon()
+            time.sleep(0.5)  # the cordon waits for this pass (or, unlocked, commits and evicts now)
+            return top_up(*args)
+
+        monkeypatch.setattr(writer, "top_up_dearer", cordon_while_writing)
+
+    run_scheduling_pass(trigger="race")
+    for thread in cordons:
+        thread.join(timeout=30)
+    assert len(cordons) == 1 and not cordons[0].is_alive()
+    assert Node.objects.get(pk=node.pk).cordon == NodeCordon.DOWN
+    assert _attempts_on(node, AttemptState.SCHEDULED, AttemptState.RUNNING) == []
+    stopping = _attempts_on(node, AttemptState.STOPPING)
+    if order == "cordon-mid-pass":
+        assert stopping == [] and not JobAttempt.objects.exists()  # nothing placed on it
+    else:
+        assert len(stopping) == JOBS  # placed before the cordon, then evicted by it
+        assert set(JobAttempt.objects.values_list("stop_reason", flat=True)) == {"evicted"}
