@@ -5,6 +5,7 @@ jobs, attempts, allocations and scheduler passes. Writes that matter go through 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django import forms
@@ -204,7 +205,7 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("id", "name", "org", "project", "state", "held", "wait_reason", "gpu_count",
                     "priority_class", "attempt_count", "submitted_at")
-    list_filter = ("state", "held", "wait_reason", "priority_class")
+    list_filter = ("state", "held", "held_by_operator", "wait_reason", "priority_class")
     search_fields = ("name", "org__slug", "project__slug", "user__username")
     list_select_related = ("org", "project__org", "priority_class")
     readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before")
@@ -229,17 +230,17 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
         self._each(request, queryset, cancel_job, "cancelled (a running one stops first)")
 
-    @admin.action(description="Hold the selected queued jobs (not scheduled until released)")
+    @admin.action(description="Hold the selected queued jobs (until an operator releases them)")
     def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import hold_job
 
-        self._each(request, queryset, hold_job, "held")
+        self._each(request, queryset, partial(hold_job, operator=True), "held")
 
     @admin.action(description="Release the selected held jobs")
     def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import release_job
 
-        self._each(request, queryset, release_job, "released")
+        self._each(request, queryset, partial(release_job, operator=True), "released")
 
 
 @admin.register(JobAttempt)

@@ -234,6 +234,9 @@ class Job(models.Model):
     # the scheduler until released. Aging counts from `aging_from` (the release, or the end of the
     # last dependency) when later than submission, so holding a job never buys it queue time.
     held = models.BooleanField(default=False, db_default=False)
+    # Held by an operator (the admin's Hold action; Slurm's admin hold): only an operator releases
+    # it, and its user's own hold or release does not change it. Always False when not held.
+    held_by_operator = models.BooleanField(default=False, db_default=False)
     aging_from = models.DateTimeField(null=True, blank=True)
 
     class Meta:

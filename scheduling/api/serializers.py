@@ -106,9 +106,9 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
-                  "regions", "depends_on", "dependency", "held", "wait_reason", "wait_detail", "end_reason",
-                  "estimate", "hold", "attempt_count", "max_retries", "submitted_at", "updated_at",
-                  "finished_at"]
+                  "regions", "depends_on", "dependency", "held", "held_by_operator", "wait_reason",
+                  "wait_detail", "end_reason", "estimate", "hold", "attempt_count", "max_retries",
+                  "submitted_at", "updated_at", "finished_at"]
         read_only_fields = fields
 
     def get_dependency(self, job: Job) -> str | None:
@@ -161,6 +161,7 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "preemptible": bool(job.preemptible), "command": str(job.command), "regions": job.regions,
         "depends_on": [other.pk for other in job._prefetched_objects_cache["depends_on"]],
         "dependency": str(job.dependency) or None, "held": bool(job.held),
+        "held_by_operator": bool(job.held_by_operator),
         "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
         "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
         "attempt_count": int(job.attempt_count), "max_retries": int(job.max_retries),

@@ -198,7 +198,7 @@ def _cancel_for_dependency(*, dependent_id: int, dependency_id: int, ended: str)
     if job.current_hold_id is not None:
         _release_whole_hold(hold_id=job.current_hold_id, key=f"job:{job.pk}:dependency-failed", actor=None)
     transition(job, S.CANCELLED, reason_code=reasons.DEPENDENCY_FAILED, end_reason=reasons.DEPENDENCY_FAILED,
-               wait_reason="", wait_detail="", held=False,
+               wait_reason="", wait_detail="", held=False, held_by_operator=False,
                data={"dependency": dependency_id, "dependency_state": ended})
     return 1
 
@@ -304,8 +304,8 @@ def cancel_job(*, job: Job, actor: Any = None) -> Job:
         hold = job.current_hold
         if hold is not None:
             _release_whole_hold(hold_id=hold.pk, key=f"job:{job.pk}:cancel", actor=actor)
-        return transition(job, S.CANCELLED, reason_code="cancelled", actor=actor,
-                          end_reason="cancelled", wait_reason="", wait_detail="", held=False)
+        return transition(job, S.CANCELLED, reason_code="cancelled", actor=actor, end_reason="cancelled",
+                          wait_reason="", wait_detail="", held=False, held_by_operator=False)
     if job.state in (S.SCHEDULED, S.RUNNING):
         attempt = JobAttempt.objects.filter(job=job, state__in=LIVE_ATTEMPT_STATES).first()
         if attempt is not None:

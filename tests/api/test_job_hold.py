@@ -158,3 +158,48 @@ def test_a_job_held_after_the_queue_was_ordered_has_no_position(
         assert (body["position"], body["wait_reason"]) == (None, "held")
     finally:
         cache.delete(CURRENT_KEY)
+
+
+def test_only_an_operator_releases_an_operators_hold(
+    api: APIClient, job_body: Callable, tenant: Tenant
+) -> None:
+    """QA (session 9): a user could release a hold an operator placed. As Slurm's admin hold, an
+    operator's hold (the admin's Hold action) is released by an operator only; the user's own hold
+    and release leave it as it is, and the user may still cancel the job."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from tests.factories import UserFactory
+
+    job = submit(api, job_body)
+    assert act(api, job["id"], "hold").json()["held_by_operator"] is False  # the user's own hold first
+    operator = UserFactory(is_staff=True, is_superuser=True)
+    staff = Client()
+    staff.force_login(operator)
+    changelist = reverse("admin:scheduling_job_changelist")
+    staff.post(changelist, {"action": "hold", "_selected_action": [job["id"]]})
+    body = api.get(f"/api/v1/jobs/{job['id']}").json()
+    assert (body["held"], body["held_by_operator"], body["wait_detail"]) == (
+        True, True, f"held by an operator ({operator.get_username()}) until an operator releases it",
+    )
+    refused = api.post(f"/api/v1/jobs/{job['id']}/release", HTTP_IDEMPOTENCY_KEY="user-release")
+    assert refused.status_code == 403 and refused.json()["type"].endswith("held-by-operator")
+    again = api.post(f"/api/v1/jobs/{job['id']}/hold", HTTP_IDEMPOTENCY_KEY="hold-again").json()
+    assert again["held_by_operator"] is True  # the user's hold changes nothing
+    assert Job.objects.get(pk=job["id"]).held is True
+
+    staff.post(changelist, {"action": "release", "_selected_action": [job["id"]]})
+    released = api.get(f"/api/v1/jobs/{job['id']}").json()
+    assert (released["held"], released["held_by_operator"], released["wait_reason"]) == (False, False, "")
+    events = list(AuditEvent.objects.filter(subject_id=str(job["id"]), action__in=("sched.job.hold",
+                                                                                  "sched.job.release"))
+                  .order_by("id").values_list("action", "actor_id", "data__operator"))
+    assert events == [("sched.job.hold", str(tenant.user.pk), False),
+                      ("sched.job.hold", str(operator.pk), True),
+                      ("sched.job.release", str(operator.pk), True)]
+
+    staff.post(changelist, {"action": "hold", "_selected_action": [job["id"]]})
+    cancelled = act(api, job["id"], "cancel").json()  # an operator's hold does not take the job away
+    assert (cancelled["state"], cancelled["held"], cancelled["held_by_operator"]) == (
+        "cancelled", False, False,
+    )
