@@ -25,6 +25,7 @@ from config.clock import db_now
 from metering import conf
 from metering.models import AttemptUsage
 from scheduling.models import Allocation, AttemptState, JobAttempt, Node, NodeState
+from scheduling.services.nodes import mark_node_alive
 
 USAGE = AttemptUsage._meta.db_table
 ATTEMPT = JobAttempt._meta.db_table
@@ -114,12 +115,10 @@ HOT_SQL = f"""
                       AND al.node_id = %(node)s AND al.released_at IS NULL)
     ),
     touched AS (
-        -- liveness on the DB clock; a silent-then-back node (unknown/down) is ready again
-        UPDATE {NODE} SET last_heartbeat_at = now(),
-            state = CASE WHEN state IN ('{NodeState.UNKNOWN}', '{NodeState.DOWN}')
-                         THEN '{NodeState.READY}' ELSE state END
+        -- liveness on the DB clock (a silent node's return to ready is `nodes.mark_node_alive`'s)
+        UPDATE {NODE} SET last_heartbeat_at = now()
         WHERE id = %(node)s AND %(touch)s::boolean
-        RETURNING id
+        RETURNING id, state
     ),
     upd AS (
         UPDATE {USAGE} u SET
@@ -136,6 +135,8 @@ HOT_SQL = f"""
         RETURNING u.attempt_id
     )
     SELECT 'accepted', attempt_id, NULL, NULL FROM upd
+    UNION ALL
+    SELECT 'silent', id, state, NULL::integer FROM touched WHERE state <> '{NodeState.READY}'
     UNION ALL
     SELECT 'stop', a.id, a.stop_reason, a.grace_seconds FROM {ATTEMPT} a
     WHERE %(stops)s::boolean AND a.state = '{AttemptState.STOPPING}'
@@ -171,6 +172,8 @@ def apply_usage(
     with connection.cursor() as cursor:
         cursor.execute(HOT_SQL, params)
         rows = cursor.fetchall()
+    if any(row[0] == "silent" for row in rows):  # rare: this node was unknown or down until now
+        mark_node_alive(node_id=node_id)
     accepted = sorted(row[1] for row in rows if row[0] == "accepted")
     stops: list[dict[str, object]] = [
         {"attempt_id": row[1], "reason": row[2] or "cancelled", "grace_seconds": row[3]}
@@ -264,9 +267,7 @@ def _apply_usage_portable(
         now = db_now()
         if touch_node:
             Node.objects.filter(pk=node_id).update(last_heartbeat_at=now)
-            Node.objects.filter(pk=node_id, state__in=(NodeState.UNKNOWN, NodeState.DOWN)).update(
-                state=NodeState.READY
-            )
+            mark_node_alive(node_id=node_id)  # only if it was unknown or down
         live = {
             attempt.pk: attempt
             for attempt in JobAttempt.objects.filter(

@@ -164,6 +164,22 @@ def register_node(
     return Registration(node_id=node.pk, heartbeat_interval_s=heartbeat_interval_s, running_attempts=running)
 
 
+def mark_node_alive(*, node_id: int) -> bool:
+    """A silent node (`unknown` or `down`) heard from again is `ready`: one audited move
+    (`sched.node.state`, `heartbeat-resumed`), the counterpart of the sweep's. Of concurrent
+    heartbeats only one moves it. Returns whether this call did."""
+    with transaction.atomic():
+        node = (Node.objects.select_for_update(no_key=True)  # a pass's FOR KEY SHARE does not block it
+                .filter(pk=node_id, state__in=(NodeState.UNKNOWN, NodeState.DOWN)).first())
+        if node is None:
+            return False
+        Node.objects.filter(pk=node_id).update(state=NodeState.READY, last_heartbeat_at=db_now())
+        record(action="sched.node.state", subject_type="node", subject_id=node_id,
+               actor_type=AuditEvent.ActorType.AGENT, actor_id=str(node_id), reason_code="heartbeat-resumed",
+               data={"from": node.state, "to": NodeState.READY, "cordon": node.cordon})
+    return True
+
+
 @transaction.atomic
 def set_cordon(*, node: Node, cordon: str, actor: Any = None) -> Node:
     """An operator drains a node, takes it out of service, or returns it to service (audited).

@@ -70,6 +70,11 @@ def test_a_drain_survives_the_node_going_silent_and_coming_back(fleet: dict[str,
     back = Node.objects.get(pk=node.pk)
     assert (back.state, back.cordon) == (NodeState.READY, NodeCordon.DRAIN)
     assert _core_state(node) == "draining"  # still no new jobs: the operator's decision stands
+    ingest_heartbeats(node=node, items=[])
+    moves = list(AuditEvent.objects.filter(action="sched.node.state", subject_id=str(node.pk))
+                 .order_by("id").values_list("reason_code", "data__to"))
+    # Each move audited once, the return too (session 9 note: a recovery left no trace).
+    assert moves == [("heartbeat-missed", "unknown"), ("node-down", "down"), ("heartbeat-resumed", "ready")]
 
 
 def test_out_of_service_stops_jobs_with_a_grace_and_requeues_them_without_a_retry(
