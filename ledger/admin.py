@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 
 from config.errors import DomainError
 from ledger.admin_forms import IssueCreditsForm, VoidForm
@@ -63,6 +64,16 @@ class HoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ("key", "reference", "org__slug", "project__slug")
     list_select_related = ("org", "project")
     inlines = [HoldLineInline]
+
+
+def _void_message(bucket_id: int, txn: Any) -> str:
+    bucket = Bucket.objects.get(pk=bucket_id)
+    voided = f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn else f"Bucket {bucket_id}"
+    if not bucket.held:
+        return f"{voided}."
+    if bucket.expires_at is not None and bucket.expires_at <= timezone.now():
+        return f"{voided}; closed: the {bucket.held} micro-credits still held will expire when released."
+    return f"{voided}; the {bucket.held} micro-credits still held become available again when released."
 
 
 @admin.register(Bucket)
@@ -121,7 +132,7 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/ledger/bucket/issue.html", context)
 
-    @admin.action(description="Void the available credits of the selected buckets",
+    @admin.action(description="Void the available credits of the selected buckets (and close them)",
                   permissions=["void_credits"])
     def void_available(self, request: HttpRequest, queryset: QuerySet[Bucket]) -> HttpResponse | None:
         form = VoidForm(request.POST if "apply" in request.POST else None)
@@ -129,14 +140,14 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             batch = uuid.uuid4().hex[:12]
             for bucket in queryset.order_by("pk"):
                 try:
-                    void_credits(
+                    txn = void_credits(
                         bucket=bucket, reason=form.cleaned_data["reason"], key=f"admin:{batch}:{bucket.pk}",
-                        actor=request.user,
+                        actor=request.user, close=form.cleaned_data["close"],
                     )
                 except DomainError as error:
                     self.message_user(request, f"Bucket {bucket.pk}: {error.detail}", messages.WARNING)
                 else:
-                    self.message_user(request, f"Voided the available credits of bucket {bucket.pk}.")
+                    self.message_user(request, _void_message(bucket.pk, txn))
             return None
         context = {
             **self.admin_site.each_context(request),

@@ -56,6 +56,12 @@ class IssueCreditsForm(forms.Form):
 
 
 class VoidForm(forms.Form):
-    """The reason (mandatory) for voiding the selected buckets' available credits."""
+    """The reason (mandatory) for voiding the selected buckets' available credits, and whether to
+    close them (offered ticked)."""
 
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    close = forms.BooleanField(
+        required=False, initial=True, label="Close the buckets",
+        help_text="End their validity now: credits their running jobs give back later expire instead of "
+        "becoming spendable again. Leave unticked to void only what is available now.",
+    )

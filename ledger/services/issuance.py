@@ -9,6 +9,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from accounts.models import Organization, Project
+from audit.services import record
 from ledger.clock import ledger_now
 from ledger.errors import (
     IdempotencyConflict,
@@ -22,6 +23,7 @@ from ledger.models import Account, Bucket, BucketKind, BucketSource, LedgerTrans
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
+    actor_fields,
     audit,
     check_amount,
     check_gpu_types,
@@ -130,33 +132,60 @@ def issue_credits(
 @retry_on_conflict()
 @transaction.atomic
 def void_credits(
-    *, bucket: Bucket, reason: str, key: str, amount: int | None = None, actor: Any = None
-) -> LedgerTransaction:
-    """Move (part of) a bucket's available credits to `void`; held credits are untouched."""
+    *, bucket: Bucket, reason: str, key: str, amount: int | None = None, actor: Any = None,
+    close: bool = False,
+) -> LedgerTransaction | None:
+    """Move (part of) a bucket's available credits to `void`; held credits are untouched.
+
+    `close` also ends the bucket's validity now (its expiry moves to now), so nothing new draws on
+    it and what its running jobs give back later expires with it instead of becoming spendable
+    again: the release rule of DESIGN.md section 4, which the Python and the SQL paths both apply.
+    Without it, credits that come back are available again (QA: a voided bucket kept paying for
+    new jobs). Returns the void's transaction, or None when there was only the closing to do."""
     if amount is not None:
         check_amount(amount)
     if not reason or not reason.strip():
         raise InvalidParameter("A reason is required.", field="reason")
     (locked,) = lock_buckets([bucket.pk])
-    params = {"bucket": locked.pk, "amount": amount}
+    params: dict[str, Any] = {"bucket": locked.pk, "amount": amount}
+    if close:
+        params["close"] = True
     txn_key = f"void:{key}"
     previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.VOID, params=params)
     if previous is not None:
         return previous
+    now = ledger_now()
     to_void = locked.available if amount is None else amount
-    if to_void == 0:
+    closing = close and locked.effective_at < now and (locked.expires_at is None or locked.expires_at > now)
+    if to_void == 0 and not closing:
         raise InvalidAmount("Nothing is available to void in this bucket.")
     if to_void > locked.available:
         raise InsufficientCredits(needed=to_void, available=locked.available)
-    move_bucket(locked.pk, source="available", target="voided", amount=to_void)
-    txn = post_transaction(
-        org_id=locked.org_id,
-        kind=TransactionKind.VOID,
-        key=txn_key,
-        legs=[(AVAILABLE, locked.pk, -to_void), (Account.VOID, None, to_void)],
-        now=ledger_now(),
-        params=params,
-        memo=reason,
-    )
-    audit(txn=txn, subject_type="ledger.bucket", subject_id=locked.pk, actor=actor, reason=reason)
+    txn = None
+    if to_void:
+        move_bucket(locked.pk, source="available", target="voided", amount=to_void)
+        txn = post_transaction(
+            org_id=locked.org_id,
+            kind=TransactionKind.VOID,
+            key=txn_key,
+            legs=[(AVAILABLE, locked.pk, -to_void), (Account.VOID, None, to_void)],
+            now=now,
+            params=params,
+            memo=reason,
+        )
+        audit(txn=txn, subject_type="ledger.bucket", subject_id=locked.pk, actor=actor, reason=reason,
+              data={"close": closing})
+    if closing:
+        _close(locked, now=now, reason=reason, actor=actor)
     return txn
+
+
+def _close(bucket: Bucket, *, now: datetime, reason: str, actor: Any) -> None:
+    """End the (locked) bucket's validity now; audited with what was still held on it."""
+    Bucket.objects.filter(pk=bucket.pk).update(expires_at=now)
+    actor_type, actor_id = actor_fields(actor)
+    record(action="ledger.bucket_closed", subject_type="ledger.bucket", subject_id=bucket.pk,
+           org_id=bucket.org_id, actor_type=actor_type, actor_id=actor_id, reason_code="closed",
+           data={"reason": reason, "held": bucket.held,
+                 "expires_at_was": bucket.expires_at.isoformat() if bucket.expires_at else None})
+    bucket.expires_at = now

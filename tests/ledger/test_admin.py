@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import Group
 from django.urls import reverse
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
@@ -87,6 +90,25 @@ def test_void_action_with_reason(finance_client) -> None:
     assert done.status_code == 302
     bucket.refresh_from_db()
     assert (bucket.available, bucket.held, bucket.voided) == (0, 3 * MICRO, 7 * MICRO)
+    assert bucket.expires_at is None  # "close" unticked: what is held comes back available
+
+
+def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO, effective_at=timezone.now() - timedelta(days=1))
+    place_hold(org=org, amount=3 * MICRO, key="h")
+    url = reverse("admin:ledger_bucket_changelist")
+    ask = finance_client.post(url, {"action": "void_available", "_selected_action": [bucket.pk]})
+    assert ask.context["form"]["close"].value() is True  # offered ticked
+    form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "chargeback",
+            "close": "on"}
+    done = finance_client.post(url, form, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided) == (0, 7 * MICRO) and bucket.expires_at <= timezone.now()
+    assert [str(m) for m in done.context["messages"]] == [
+        f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk}; closed: the {3 * MICRO} micro-credits "
+        "still held will expire when released."
+    ]
 
 
 def test_journal_holds_audit_are_viewable_but_read_only(finance_client) -> None:

@@ -116,6 +116,53 @@ def test_void_available_part_only(org) -> None:
     assert_journal_consistent()
 
 
+@pytest.mark.parametrize("sql_path", [True, False])
+def test_a_closed_bucket_pays_for_nothing_new_and_what_comes_back_expires(org, sql_path, monkeypatch) -> None:
+    """QA (session 10): credits a voided bucket's running jobs gave back became available again and
+    paid for new jobs. Voiding with `close` ends the bucket's validity now: no new hold draws on it,
+    and a later release expires (in the SQL hot path and the Python path alike)."""
+    from ledger.errors import InsufficientCredits
+    from ledger.services import _sql, capture, release_hold
+
+    monkeypatch.setattr(_sql, "ENABLED", sql_path)
+    # Issued earlier (the test's one transaction has one clock reading; a bucket is closed only
+    # once it has taken effect).
+    bucket = fund(org, 100, effective_at=timezone.now() - timedelta(days=1))
+    running = place_hold(org=org, amount=30, key="running")
+    txn = void_credits(bucket=bucket, reason="chargeback", key="v", close=True)
+    bucket.refresh_from_db()
+    assert (txn.amount, bucket.available, bucket.held, bucket.voided) == (70, 0, 30, 70)
+    assert bucket.expires_at <= timezone.now()
+    closed = AuditEvent.objects.get(action="ledger.bucket_closed", subject_id=str(bucket.pk))
+    assert (closed.data["held"], closed.data["expires_at_was"]) == (30, None)
+    capture(hold=running, amount=10, key="c")
+    release_hold(hold=running)  # the job ends: its 20 unspent credits come back to a closed bucket
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.spent, bucket.expired, bucket.voided) == (0, 0, 10, 20, 70)
+    with pytest.raises(InsufficientCredits):
+        place_hold(org=org, amount=1, key="new-job")
+    # Closing what holds nothing available: only the closing is done (no void transaction).
+    other = fund(org, 50, effective_at=timezone.now() - timedelta(days=1))
+    place_hold(org=org, amount=50, key="all-of-it")
+    assert void_credits(bucket=other, reason="fraud", key="v2", close=True) is None
+    other.refresh_from_db()
+    assert other.expires_at <= timezone.now() and other.voided == 0
+    with pytest.raises(InvalidAmount):  # already closed, nothing available: nothing to do
+        void_credits(bucket=other, reason="fraud", key="v3", close=True)
+    assert_journal_consistent()
+
+
+def test_without_close_what_comes_back_is_available_again(org) -> None:
+    from ledger.services import release_hold
+
+    bucket = fund(org, 100)
+    running = place_hold(org=org, amount=30, key="running")
+    void_credits(bucket=bucket, reason="partial refund", key="v")
+    release_hold(hold=running)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided, bucket.expires_at) == (30, 70, None)
+
+
 @pytest.mark.parametrize("change", ["update", "delete"])
 def test_journal_is_append_only_at_the_database(org, change) -> None:
     fund(org, 10)
