@@ -8,6 +8,8 @@ can never push a hard budget past its limit.
 Semantics: a hold counts as `held` in the period current at reservation (an extension counts in
 the period current at extension); a capture moves that amount from held to spent in the same
 period; a release drops held. Soft budgets never reject: crossing one writes an audit alert.
+A budget set in the middle of its period starts from its scope's activity so far
+(`_seed_current_period`), not from zero.
 """
 
 from collections import defaultdict
@@ -17,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, IntegerField, Q, Value, When
+from django.db.models import Case, F, IntegerField, Q, Sum, Value, When
 
 from accounts.models import Organization, Project
 from audit.services import record
@@ -33,7 +35,7 @@ from budgets.models import (
 from budgets.periods import period_bounds
 from config import prepared
 from config.clock import db_now
-from ledger.models import Hold
+from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
 
 LEVEL_RANK = Case(
     When(budget__level=BudgetLevel.ORG, then=Value(0)),
@@ -333,13 +335,57 @@ def set_budget(
                 raise
             # The other PUT committed this scope's row first: replace it like any update.
             budget = scope.get()
+    redefined = created or (budget.period, budget.window_start, budget.window_end) != (
+        period, window_start, window_end)
     if not created:
         for name, value in fields.items():
             setattr(budget, name, value)
         budget.save()
+    if redefined:
+        _seed_current_period(budget, now=db_now())
     record(action="budget.set", subject_type="budget", subject_id=budget.pk, org_id=org.pk,
            amount=limit, actor_type="user" if actor is not None else "system",
            actor_id=str(actor.pk) if actor is not None else "",
            data={"level": level, "period": period, "enforcement": enforcement,
                  "project": project.pk if project else None, "user": user.pk if user else None})
     return budget, created
+
+
+def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | None:
+    """Start a budget set mid-period from what its scope already did in the period (QA: a month
+    budget set on the 22nd started at zero, and holds placed before it counted only in part).
+
+    `spent` = the scope's captures since the period began; `held` = what its active holds still
+    hold, each counted by a charge, so their later captures and releases move the period like any
+    other hold's. A period that already exists keeps its counts. Activity committed while this
+    transaction runs is not seen (the budget is not visible to it either)."""
+    bounds = period_bounds(period=budget.period, window_start=budget.window_start,
+                           window_end=budget.window_end, now=now)
+    if bounds is None:
+        return None
+    starts, ends = bounds
+    period, fresh = BudgetPeriod.objects.get_or_create(
+        budget=budget, starts_at=starts, defaults={"ends_at": ends, "org_id": budget.org_id}
+    )
+    if not fresh:
+        return period
+    scope = Q(org_id=budget.org_id)
+    if budget.project_id is not None:
+        scope &= Q(project_id=budget.project_id)
+    if budget.user_id is not None:
+        scope &= Q(user_id=budget.user_id)
+    holds = Hold.objects.filter(scope)
+    spent = LedgerTransaction.objects.filter(
+        org_id=budget.org_id, kind=TransactionKind.CAPTURE, created_at__gte=starts, created_at__lt=ends,
+        hold__in=holds,
+    ).aggregate(total=Sum("amount"))["total"] or 0
+    held = [
+        BudgetCharge(period=period, hold_id=hold_id, held=remaining)
+        for hold_id, remaining in holds.filter(state=HoldState.ACTIVE)
+        .annotate(left=F("authorized") - F("captured") - F("released"))
+        .filter(left__gt=0).order_by("pk").values_list("pk", "left")
+    ]
+    BudgetCharge.objects.bulk_create(held)
+    period.held, period.spent = sum(c.held for c in held), spent
+    BudgetPeriod.objects.filter(pk=period.pk).update(held=period.held, spent=period.spent)
+    return period

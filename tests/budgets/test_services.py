@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 import pytest
+from django.db import transaction
 
 from budgets.errors import BudgetExceeded
 from budgets.models import BudgetCharge, BudgetPeriod
@@ -66,3 +67,37 @@ def test_record_release_many_matches_per_hold_releases() -> None:
     record_release_many(items=[])  # nothing to do
     with pytest.raises(ValueError):
         record_release_many(items=[(holds[0], 1), (holds[0], 2)])
+
+
+def test_a_budget_set_mid_period_starts_from_what_its_scope_already_did() -> None:
+    """QA (session 10): a month budget set on the 22nd counted nothing of the month so far, and
+    holds placed before it counted only the part captured after it."""
+    from ledger.services import capture
+
+    tenant = make_tenant(funds=10_000)
+    other = make_tenant(funds=10_000)  # another org: never counted
+    kept = place_hold(org=tenant.org, amount=400, key="kept", project=tenant.project, user=tenant.user)
+    capture(hold=kept, amount=150, key="c1")
+    done = place_hold(org=tenant.org, amount=300, key="done", project=tenant.project, user=tenant.user)
+    capture(hold=done, amount=300, key="c2")
+    place_hold(org=other.org, amount=900, key="theirs", project=other.project, user=other.user)
+
+    budget, _ = set_budget(org=tenant.org, period="month", limit=1000, enforcement="hard")
+    period = BudgetPeriod.objects.get(budget=budget)
+    assert (period.held, period.spent) == (250, 450)  # kept's 250 still held; 150 + 300 captured
+    assert list(BudgetCharge.objects.values_list("hold_id", "held")) == [(kept.pk, 250)]
+
+    # The hold placed before the budget now moves it like any other: capture, then release.
+    record_capture(hold=kept, amount=100)
+    record_release(hold=kept, amount=150)
+    period.refresh_from_db()
+    assert (period.held, period.spent) == (0, 550)
+    # A hard limit sees the month so far: 550 used, so 500 more does not fit.
+    late = place_hold(org=tenant.org, amount=500, key="late", project=tenant.project, user=tenant.user)
+    with pytest.raises(BudgetExceeded) as error, transaction.atomic():  # as the submission's own
+        reserve_budgets(hold=late, org=tenant.org, project=tenant.project, user=tenant.user, amount=500)
+    assert error.value.used == 550
+    # Replacing the limit keeps the period's counts (no second seeding).
+    set_budget(org=tenant.org, period="month", limit=2000, enforcement="hard")
+    period.refresh_from_db()
+    assert (period.held, period.spent) == (0, 550)
