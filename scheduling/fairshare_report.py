@@ -6,9 +6,11 @@ own `tree_levels` / `fair_tree_factors`, so the numbers cannot drift from the sc
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 
 from accounts.models import Membership, Organization
 from config.clock import db_now
@@ -16,8 +18,22 @@ from scheduling import core
 from scheduling.adapter.snapshot import load_shares, load_usage
 from scheduling.core.fairshare import Level, tree_levels
 from scheduling.models import Job, JobState
+from scheduling.services import dependencies
 
-LIVE = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING)
+KEY = ("org_id", "project_id", "user_id")
+
+
+def _ranked_associations(now: datetime) -> set[tuple[int, int, int]]:
+    """The (org, project, user) a pass ranks: those with a job it is offered (`load_pending`'s
+    filters: queued, not held, past its backoff, dependencies met) or a job placed or running."""
+    offered = Job.objects.filter(state=JobState.QUEUED, held=False).filter(
+        Q(not_before__isnull=True) | Q(not_before__lte=now))
+    live = set(offered.filter(dependency="").values_list(*KEY).distinct().order_by())
+    waiting = {job_id: key for job_id, *key in offered.exclude(dependency="").values_list("id", *KEY)}
+    blocked = dependencies.unmet_among(list(waiting)) if waiting else set()
+    live |= {tuple(key) for job_id, key in waiting.items() if job_id not in blocked}
+    placed = Job.objects.filter(state__in=(JobState.SCHEDULED, JobState.RUNNING))
+    return live | set(placed.values_list(*KEY).distinct().order_by())
 
 
 def _level(level: Level, usage_seconds: float, weight: float) -> dict[str, Any]:
@@ -35,10 +51,7 @@ def org_fair_share(org: Organization) -> dict[str, Any]:
     half_life = float(getattr(settings, "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS",
                               core.Config().fairshare_half_life_seconds))
     usage, shares = load_usage(now, half_life), load_shares()
-    live = set(
-        Job.objects.filter(state__in=LIVE, held=False)
-        .values_list("org_id", "project_id", "user_id").distinct().order_by()
-    )
+    live = _ranked_associations(now)
     members = {(org.pk, p, u) for p, u in Membership.objects.filter(project__org=org)
                .values_list("project_id", "user_id")}
     # Levels among the org's projects and members whether or not they run anything now; factors

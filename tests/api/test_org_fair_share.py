@@ -71,3 +71,29 @@ def test_unknown_org_is_404(api: APIClient, tenant: Tenant) -> None:
     assert client_for(tenant.admin).get("/api/v1/orgs/999999999/fair-share").status_code == 404
 
 
+
+
+def test_jobs_the_pass_is_not_offered_give_no_factor(
+    api: APIClient, job_body: Callable, tenant: Tenant
+) -> None:
+    """Session 9 note: the report counted every queued job that was not held as work, while a pass
+    leaves out jobs in a retry backoff or waiting on their dependencies; its factors could differ."""
+    from datetime import timedelta
+
+    from scheduling.models import Job
+
+    first = submit(api, job_body)
+    Job.objects.filter(pk=first["id"]).update(not_before=timezone.now() + timedelta(hours=1))  # backoff
+    waiter = UserFactory()
+    Membership.objects.create(project=tenant.project, user=waiter, role=OrgRole.MEMBER)
+    submit(client_for(waiter), job_body, depends_on=[first["id"]])  # waits on the job in backoff
+    body = client_for(tenant.admin).get(f"/api/v1/orgs/{tenant.org.pk}/fair-share").json()
+    factors = {u["username"]: u["fair_share_factor"] for u in body["projects"][0]["users"]}
+    assert factors[tenant.user.get_username()] is None
+    assert factors[waiter.get_username()] is None
+    assert load_snapshot(now=timezone.now()).snapshot.pending == ()  # the pass agrees: nothing offered
+
+    Job.objects.filter(pk=first["id"]).update(not_before=None)  # the backoff is over
+    body = client_for(tenant.admin).get(f"/api/v1/orgs/{tenant.org.pk}/fair-share").json()
+    factors = {u["username"]: u["fair_share_factor"] for u in body["projects"][0]["users"]}
+    assert factors[tenant.user.get_username()] == 1.0 and factors[waiter.get_username()] is None
