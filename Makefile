@@ -21,12 +21,14 @@ venv: $(VENV)/.installed
 
 # Embedded defaults: SQLite (IMMEDIATE), file-system Celery broker, in-memory channel layer,
 # worker + beat + a demo fleet of fake GPU nodes, served at http://127.0.0.1:8000
+# One /metrics for web, worker and beat: Prometheus multiprocess mode in a directory wiped at start.
 run: venv
 	mkdir -p var/celery/out var/celery/processed
+	rm -rf var/prometheus && mkdir -p var/prometheus
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput -v 0
 	$(BIN)/python manage.py seed_demo
-	$(BIN)/honcho -f Procfile.embedded start
+	PROMETHEUS_MULTIPROC_DIR=$(CURDIR)/var/prometheus $(BIN)/honcho -f Procfile.embedded start
 
 services:
 	@pg_isready -h 127.0.0.1 -p 5432 -q || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
