@@ -113,3 +113,48 @@ class BucketSerializer(BucketBalanceSerializer):
     project = serializers.IntegerField(source="project_id", allow_null=True)
     reason = serializers.CharField()
     created_at = serializers.DateTimeField()
+
+
+class StatementQuerySerializer(StrictSerializer):
+    month = serializers.RegexField(r"^\d{4}-\d{2}$", required=False,
+                                   help_text="YYYY-MM (UTC); default: the month in progress.")
+    format = serializers.ChoiceField(choices=["json", "csv"], required=False,
+                                     help_text="csv: the statement as a spreadsheet (or Accept: text/csv).")
+
+
+class StatementBalanceSerializer(serializers.Serializer):
+    available = serializers.IntegerField()
+    held = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+class ConsumptionLineSerializer(serializers.Serializer):
+    project = serializers.IntegerField(source="project_id", allow_null=True)
+    project_slug = serializers.CharField(source="project")
+    gpu_type = serializers.CharField(help_text="Empty for a capture that paid for no job attempt.")
+    amount = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+
+
+class StatementIssueSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    bucket = serializers.IntegerField(source="bucket_id")
+    reference = serializers.CharField()
+    kind = serializers.CharField()
+    source = serializers.CharField()
+    amount = serializers.IntegerField()
+
+
+class StatementSerializer(serializers.Serializer):
+    org = serializers.IntegerField(source="org_id")
+    month = serializers.CharField()
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField(help_text="The month's end, or now for the month in progress.")
+    opening = StatementBalanceSerializer()
+    issued = serializers.IntegerField()
+    consumed = serializers.IntegerField()
+    expired = serializers.IntegerField()
+    voided = serializers.IntegerField()
+    closing = StatementBalanceSerializer(help_text="= opening + issued - consumed - expired - voided")
+    consumption = ConsumptionLineSerializer(many=True)
+    issues = StatementIssueSerializer(many=True)

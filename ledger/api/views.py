@@ -2,10 +2,13 @@
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from accounts.selectors import (
     get_visible_org,
@@ -15,15 +18,20 @@ from accounts.selectors import (
 )
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
+from ledger.api.csv_renderer import StatementCsvRenderer
 from ledger.api.serializers import (
     BalanceSerializer,
     BucketSerializer,
     CreditIssueSerializer,
+    StatementQuerySerializer,
+    StatementSerializer,
     TransactionQuerySerializer,
     TransactionSerializer,
 )
+from ledger.clock import ledger_now
 from ledger.selectors import balance_breakdown, org_transactions
 from ledger.services import issue_credits
+from ledger.statements import org_statement
 
 
 class OrgBalanceView(GenericAPIView):
@@ -66,6 +74,38 @@ class OrgTransactionsView(GenericAPIView):
         journal = org_transactions(org=org, **filters)
         page = self.paginate_queryset(journal)
         return self.get_paginated_response(TransactionSerializer(page, many=True).data)
+
+
+class OrgStatementView(GenericAPIView):
+    serializer_class = StatementSerializer
+    renderer_classes = [*api_settings.DEFAULT_RENDERER_CLASSES, StatementCsvRenderer]
+
+    def handle_exception(self, exc: Exception) -> Response:
+        """Errors stay problem+json even when the statement was asked for as CSV."""
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = self.renderer_classes[0]()
+        self.request.accepted_media_type = self.request.accepted_renderer.media_type
+        return response
+
+    @extend_schema(
+        operation_id="orgs_statement", parameters=[StatementQuerySerializer],
+        responses={(200, "application/json"): StatementSerializer, (200, "text/csv"): OpenApiTypes.STR},
+        description="The org's statement for one month (UTC): opening and closing balance, what was "
+        "issued, consumed (per project and GPU type, with GPU-hours), expired and voided. Org members "
+        "and finance. `?format=csv` (or `Accept: text/csv`) gives it as a spreadsheet.",
+    )
+    def get(self, request: Request, org_id: int) -> Response:
+        org = get_visible_org(request.user, org_id)
+        require_org_reader(request.user, org)
+        enforce_org_limit(request, org_id=org.pk, scope="default")
+        query = StatementQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        month = query.validated_data.get("month") or ledger_now().strftime("%Y-%m")
+        try:
+            statement = org_statement(org=org, month=month)
+        except ValueError as error:
+            raise ValidationError({"month": [str(error)]}) from None
+        return Response(StatementSerializer(statement).data)
 
 
 class OrgCreditsView(GenericAPIView):

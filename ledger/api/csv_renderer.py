@@ -1,0 +1,40 @@
+"""A statement as CSV (`?format=csv` or `Accept: text/csv`): one row per figure, spreadsheet-ready."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rest_framework.renderers import BaseRenderer
+
+HEADER = ("section", "project", "gpu_type", "reference", "amount_micro_credits", "gpu_hours", "at")
+
+
+class StatementCsvRenderer(BaseRenderer):
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: dict[str, Any] | None = None) -> bytes:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        if not isinstance(data, dict) or "opening" not in data:  # an error: its problem body, flat
+            writer.writerows(sorted((data or {}).items()) if isinstance(data, dict) else [[data]])
+            return out.getvalue().encode()
+        response = (renderer_context or {}).get("response")
+        if response is not None:
+            response["Content-Disposition"] = (
+                f'attachment; filename="gpubank-org-{data["org"]}-{data["month"]}.csv"')
+        writer.writerow(HEADER)
+        writer.writerow(("opening balance", "", "", "", data["opening"]["total"], "", data["starts_at"]))
+        for issue in data["issues"]:
+            writer.writerow(("issued", "", "", issue["reference"], issue["amount"], "", issue["at"]))
+        for line in data["consumption"]:
+            writer.writerow(("consumed", line["project_slug"], line["gpu_type"], "", line["amount"],
+                             line["gpu_hours"], ""))
+        for name in ("issued", "consumed", "expired", "voided"):
+            writer.writerow((f"total {name}", "", "", "", data[name], "", ""))
+        writer.writerow(("closing balance", "", "", "", data["closing"]["total"], "", data["ends_at"]))
+        return out.getvalue().encode()

@@ -1,0 +1,146 @@
+"""An organization's statement for one calendar month (UTC), from the journal alone.
+
+Opening and closing balance (what its buckets hold: available + held) and, in between, what was
+issued, consumed, expired and voided, read from the postings of the system accounts. Double entry
+makes it add up: closing = opening + issued - consumed - expired - voided, whatever happened. Each
+consumption line is one project and GPU type: the captures of the month on holds of that project,
+their GPU type and GPU-hours read from the job attempt each hold paid for (its rate is fixed for the
+run, so GPU-hours = amount / rate). Captures on holds of no attempt have no GPU type.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import Q, Sum
+
+from accounts.models import Organization
+from ledger.clock import ledger_now
+from ledger.models import Account, Bucket, LedgerTransaction, Posting, TransactionKind
+
+BUCKET_ACCOUNTS = (Account.BUCKET_AVAILABLE, Account.BUCKET_HELD)
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    available: int
+    held: int
+
+    @property
+    def total(self) -> int:
+        return self.available + self.held
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumptionLine:
+    project_id: int | None
+    project: str
+    gpu_type: str
+    amount: int
+    gpu_hours: float
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    at: datetime
+    bucket_id: int
+    reference: str
+    kind: str
+    source: str
+    amount: int
+
+
+@dataclass(slots=True)
+class Statement:
+    org_id: int
+    month: str
+    starts_at: datetime
+    ends_at: datetime  # the month's end, or now for the month in progress
+    opening: Balance
+    closing: Balance
+    issued: int = 0
+    consumed: int = 0
+    expired: int = 0
+    voided: int = 0
+    consumption: list[ConsumptionLine] = field(default_factory=list)
+    issues: list[Issue] = field(default_factory=list)
+
+
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """`YYYY-MM` -> [first instant, first instant of the next month), UTC. ValueError if malformed."""
+    year, _, number = month.partition("-")
+    if len(year) != 4 or len(number) != 2 or not (year + number).isdigit():
+        raise ValueError("month must look like 2026-11")
+    start = datetime(int(year), int(number), 1, tzinfo=UTC)  # ValueError for month 13
+    end = datetime(start.year + (start.month == 12), start.month % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def _balance(org_id: int, before: datetime) -> Balance:
+    sums = dict(
+        Posting.objects.filter(org_id=org_id, account__in=BUCKET_ACCOUNTS, transaction__created_at__lt=before)
+        .values_list("account").annotate(total=Sum("amount")).order_by()
+    )
+    return Balance(int(sums.get(Account.BUCKET_AVAILABLE, 0)), int(sums.get(Account.BUCKET_HELD, 0)))
+
+
+def _consumption(org_id: int, in_month: Q) -> list[ConsumptionLine]:
+    from scheduling.models import JobAttempt  # the ledger knows holds; attempts say what they paid for
+
+    captures = list(
+        LedgerTransaction.objects.filter(in_month, org_id=org_id, kind=TransactionKind.CAPTURE)
+        .values_list("hold_id", "hold__project_id", "hold__project__slug").annotate(total=Sum("amount"))
+        .order_by()
+    )
+    runs = {
+        hold_id: (gpu_type, rate)
+        for hold_id, gpu_type, rate in JobAttempt.objects.filter(hold_id__in=[c[0] for c in captures])
+        .values_list("hold_id", "gpu_type__name", "rate_per_gpu_hour").order_by("pk")
+    }
+    lines: dict[tuple[int | None, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for hold_id, project_id, slug, total in captures:
+        gpu_type, rate = runs.get(hold_id, ("", 0))
+        line = lines[(project_id, slug or "", gpu_type)]
+        line[0] += int(total)
+        line[1] += int(total) / rate if rate else 0.0
+    return [
+        ConsumptionLine(project_id, slug, gpu_type, int(amount), round(hours, 6))
+        for (project_id, slug, gpu_type), (amount, hours) in sorted(
+            lines.items(), key=lambda item: (item[0][1], item[0][2]))
+    ]
+
+
+def org_statement(*, org: Organization, month: str) -> Statement:
+    """The statement of `org` for `month` (`YYYY-MM`); the month in progress ends now.
+    ValueError for a malformed month or one that has not begun."""
+    starts, ends = month_bounds(month)
+    now = ledger_now()
+    if starts > now:
+        raise ValueError("that month has not begun")
+    ends = min(ends, now + timedelta(microseconds=1))  # the month in progress: up to now, inclusive
+    in_month = Q(created_at__gte=starts, created_at__lt=ends)
+    statement = Statement(org_id=org.pk, month=month, starts_at=starts, ends_at=ends,
+                          opening=_balance(org.pk, starts), closing=_balance(org.pk, ends))
+    system = dict(
+        Posting.objects.filter(org_id=org.pk, bucket__isnull=True, transaction__created_at__gte=starts,
+                               transaction__created_at__lt=ends)
+        .values_list("account").annotate(total=Sum("amount")).order_by()
+    )
+    statement.issued = -int(system.get(Account.ISSUANCE, 0))
+    statement.consumed = int(system.get(Account.CONSUMPTION, 0))
+    statement.expired = int(system.get(Account.EXPIRY, 0))
+    statement.voided = int(system.get(Account.VOID, 0))
+    statement.consumption = _consumption(org.pk, in_month)
+    issued = Posting.objects.filter(
+        org_id=org.pk, account=Account.BUCKET_AVAILABLE, transaction__kind=TransactionKind.ISSUE,
+        transaction__created_at__gte=starts, transaction__created_at__lt=ends,
+    ).values_list("transaction__created_at", "bucket_id", "amount").order_by("transaction__created_at", "pk")
+    buckets = Bucket.objects.in_bulk([bucket_id for _, bucket_id, _ in issued])
+    statement.issues = [
+        Issue(at, bucket_id, buckets[bucket_id].reference, buckets[bucket_id].kind, buckets[bucket_id].source,
+              int(amount))
+        for at, bucket_id, amount in issued
+    ]
+    return statement
