@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
@@ -63,6 +64,26 @@ class StrictDateTimeField(serializers.DateTimeField):
     def to_internal_value(self, value: Any) -> Any:
         if not isinstance(value, str):
             self.fail("invalid", format="ISO 8601")
+        return super().to_internal_value(value)
+
+
+class AwareDateTimeField(StrictDateTimeField):
+    """An ISO 8601 instant with its UTC offset (`Z` or `+02:00`). A naive time would be read in
+    the server's zone, which the caller cannot see: asking for a balance "as of 03:40" must say
+    which 03:40."""
+
+    default_error_messages = {
+        "naive": "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or +01:00.",
+    }
+
+    def to_internal_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                parsed = parse_datetime(value)
+            except ValueError:
+                parsed = None  # out of range: DRF's own parse reports it as invalid
+            if parsed is not None and parsed.tzinfo is None:
+                self.fail("naive")
         return super().to_internal_value(value)
 
 
