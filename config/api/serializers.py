@@ -50,14 +50,18 @@ class StrictCharField(serializers.CharField):
 
 
 class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
-    """The schema says what StrictCharField enforces: no NUL (PostgreSQL text cannot hold it), so
-    clients and schema-driven fuzzers see it as a rule, not a surprise 400."""
+    """The schema says what StrictCharField enforces: no NUL (PostgreSQL text cannot hold it), and
+    unless blank is allowed, something besides whitespace (DRF trims it, then refuses a blank
+    string: `"\\n"` is 400 "may not be blank", which `minLength: 1` alone does not say), so
+    clients and schema-driven fuzzers see them as rules, not surprise 400s."""
 
     target_class = StrictCharField
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
         schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
-        return {**schema, "pattern": "^[^\\u0000]*$"}
+        if self.target.allow_blank or not self.target.trim_whitespace:
+            return {**schema, "pattern": "^[^\\u0000]*$"}
+        return {**schema, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"}
 
 
 class StrictDateTimeField(serializers.DateTimeField):
