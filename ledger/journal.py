@@ -52,3 +52,24 @@ def _columns(parts: dict[tuple[str, str], int]) -> dict[str, int]:
         "expired": -get(K.EXPIRE, avail) + released_off_held - get(K.RELEASE, avail),
         "voided": -get(K.VOID, avail),
     }
+
+
+def project_usage_from_postings(*, org_id: int, project_id: int, as_of: datetime) -> dict[str, int]:
+    """What the holds of one project held and had spent at `as_of` (inclusive), from the postings.
+
+    Only the `bucket_held` legs of transactions on the project's holds count: every place and
+    extend adds to held, every capture and release takes off it, so their sum is what was still
+    held, and the captures alone are what was spent.
+    """
+    rows = (
+        Posting.objects.filter(
+            org_id=org_id,
+            account=Account.BUCKET_HELD,
+            transaction__hold__project_id=project_id,
+            transaction__created_at__lte=as_of,
+        )
+        .values_list("transaction__kind")
+        .annotate(total=Sum("amount"))
+    )
+    parts = {kind: int(total) for kind, total in rows}
+    return {"held": sum(parts.values()), "spent": -parts.get(TransactionKind.CAPTURE, 0)}

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet, Sum
 
 from accounts.models import Organization, Project
 from ledger.clock import ledger_now
-from ledger.journal import COLUMNS, bucket_columns_from_postings
-from ledger.models import Bucket, BucketKind, LedgerTransaction
+from ledger.journal import COLUMNS, bucket_columns_from_postings, project_usage_from_postings
+from ledger.models import Bucket, BucketKind, Hold, LedgerTransaction
 from ledger.services._journal import spend_order_key
 
 EXPIRY_HORIZONS = {"7d": timedelta(days=7), "30d": timedelta(days=30)}
@@ -29,7 +29,9 @@ def balance_breakdown(
 ) -> dict[str, Any]:
     """Available/held/spent/expired/voided, paid vs promotional, upcoming expiries, per bucket.
 
-    With a project: the buckets that project can spend (its own and the org-wide ones). Without
+    With a project: the buckets that project can spend (its own and the org-wide ones). Their
+    totals are the buckets' (the org's other projects hold and spend org-wide buckets too), so the
+    project's own holds are added apart as `project_usage` (None for a whole org). Without
     `as_of` the bucket columns are read; with it, every figure is recomputed from the postings
     up to that instant. `spendable` is what a hold could draw on at that time (active buckets).
     """
@@ -85,7 +87,22 @@ def balance_breakdown(
         "promotional": by_kind[BucketKind.PROMOTIONAL],
         "expiring": expiring,
         "buckets": rows,
+        "project_usage": project_usage(project=project, as_of=as_of) if project is not None else None,
     }
+
+
+def project_usage(*, project: Project, as_of: datetime | None = None) -> dict[str, int]:
+    """`held` and `spent` by the project's own holds (its jobs), whichever buckets they drew on.
+
+    Now: the holds' columns (a cache, like the bucket columns, that `verify_ledger` checks against
+    the journal); as of a past time: rebuilt from the postings of those holds.
+    """
+    if as_of is not None:
+        return project_usage_from_postings(org_id=project.org_id, project_id=project.pk, as_of=as_of)
+    sums = Hold.objects.filter(project=project).aggregate(
+        held=Sum(F("authorized") - F("captured") - F("released")), spent=Sum("captured")
+    )
+    return {name: int(sums[name] or 0) for name in ("held", "spent")}
 
 
 def org_transactions(

@@ -29,17 +29,18 @@ SOON = timedelta(days=7)
 
 @dataclass(frozen=True)
 class Amounts:
-    """available / held / spent / expired / voided in micro-credits."""
+    """available / held / spent / expired / voided (they add up to granted) in micro-credits."""
 
     available: int = 0
     held: int = 0
     spent: int = 0
     expired: int = 0
     voided: int = 0
+    granted: int = 0
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> Amounts:
-        return cls(**{column: int(data.get(column, 0)) for column in COLUMNS})
+        return cls(**{column: int(data.get(column, 0)) for column in (*COLUMNS, "granted")})
 
     def segments(self) -> list[Segment]:
         return stacked_bar([(column, LABELS[column], getattr(self, column)) for column in COLUMNS])
@@ -61,17 +62,25 @@ class BucketRow:
     source: str
     scope: str
     status: str  # active | expired | not_yet_effective (as the selector reports it)
+    gpu_types: list[str]  # empty = any GPU type
+    effective_at: datetime
     expires_at: datetime | None
     expires_soon: bool
-    granted: int
-    available: int
-    held: int
-    spent: int
+    spendable: int
+    amounts: Amounts
     segments: list[Segment]
 
     @property
     def status_label(self) -> str:
         return self.status.replace("_", " ")
+
+
+@dataclass(frozen=True)
+class ProjectUsage:
+    """What one project's own jobs hold and have spent, whichever buckets they drew on."""
+
+    held: int
+    spent: int
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,17 @@ class Panel:
     title: str
     subtitle: str
     totals: Amounts
+    # Available in buckets active now (not those yet to start); the headline Available is not
+    # all spendable, and a bucket limited to some GPU types is spendable on those only.
+    spendable: int
+    spendable_gpu_limited: int
     kinds: list[KindRow]
     expiring_7d: int
     expiring_30d: int
     buckets: list[BucketRow]
+    # A project's panel: its buckets are shared with the org's other projects, so its bucket
+    # totals are not its own; these are. None for a whole org.
+    project_usage: ProjectUsage | None = None
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -105,12 +121,12 @@ def _bucket_row(row: dict[str, Any], *, as_of: datetime, project_slugs: dict[int
         source=row["source"],
         scope=project_slugs.get(row["project"], "") if row["project"] else "",
         status=row["status"],
+        gpu_types=list(row["gpu_types"]),
+        effective_at=row["effective_at"],
         expires_at=expires_at,
         expires_soon=row["status"] == "active" and expires_at is not None and expires_at <= as_of + SOON,
-        granted=row["granted"],
-        available=amounts.available,
-        held=amounts.held,
-        spent=amounts.spent,
+        spendable=row["spendable"],
+        amounts=amounts,
         segments=amounts.segments(),
     )
 
@@ -119,20 +135,23 @@ def _panel(
     *, key: str, title: str, subtitle: str, data: dict[str, Any], project_slugs: dict[int, str]
 ) -> Panel:
     totals = Amounts.of(data["totals"])
+    buckets = [_bucket_row(row, as_of=data["as_of"], project_slugs=project_slugs) for row in data["buckets"]]
+    usage = data.get("project_usage")
     return Panel(
         key=key,
         title=title,
         subtitle=subtitle,
         totals=totals,
+        spendable=data["totals"]["spendable"],
+        spendable_gpu_limited=sum(b.spendable for b in buckets if b.gpu_types),
         kinds=[
             KindRow(key=kind, label=label, amounts=Amounts.of(data[kind]))
             for kind, label in KIND_LABELS.items()
         ],
         expiring_7d=data["expiring"]["7d"],
         expiring_30d=data["expiring"]["30d"],
-        buckets=[
-            _bucket_row(row, as_of=data["as_of"], project_slugs=project_slugs) for row in data["buckets"]
-        ],
+        buckets=buckets,
+        project_usage=ProjectUsage(held=usage["held"], spent=usage["spent"]) if usage is not None else None,
         segments=totals.segments(),
     )
 
@@ -150,7 +169,8 @@ def org_balances(view: OrgView) -> OrgBalance:
     for project in view.projects:
         panels.append(
             _panel(key=f"project-{view.org.slug}-{project.slug}", title=f"Project {project.name}",
-                   subtitle="what this project can spend: its own buckets and the org-wide ones",
+                   subtitle="what this project can spend: its own buckets and the org-wide ones, "
+                   "which the org's other projects share",
                    data=balance_breakdown(org=view.org, project=project), project_slugs=slugs)
         )
     return OrgBalance(org=view.org, role=view.role, panels=panels)

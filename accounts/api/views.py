@@ -29,7 +29,7 @@ from accounts.selectors import (
 from accounts.services import add_project_member, create_organization, create_project
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
-from config.api.serializers import PageQuerySerializer
+from config.api.serializers import PageQuerySerializer, no_query
 
 
 class OrgListCreateView(GenericAPIView):
@@ -77,6 +77,7 @@ class OrgDetailView(GenericAPIView):
 
     @extend_schema(operation_id="orgs_retrieve", responses=OrganizationSerializer)
     def get(self, request: Request, org_id: int) -> Response:
+        no_query(request)
         return Response(OrganizationSerializer(get_visible_org(request.user, org_id)).data)
 
 
@@ -105,6 +106,7 @@ class ProjectDetailView(GenericAPIView):
 
     @extend_schema(operation_id="projects_retrieve", responses=ProjectSerializer)
     def get(self, request: Request, project_id: int) -> Response:
+        no_query(request)
         return Response(ProjectSerializer(get_visible_project(request.user, project_id)).data)
 
 

@@ -18,6 +18,7 @@ from budgets.selectors import current_period
 from budgets.services import set_budget
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
+from config.api.serializers import no_query
 
 
 def _render(budget: Budget) -> dict:
@@ -32,6 +33,7 @@ class _BudgetView(GenericAPIView, ABC):
         """The (org, project, user) this route's budget belongs to, visible to the caller or 404."""
 
     def _get(self, request: Request, **kwargs: Any) -> Response:
+        no_query(request)
         org, project, user = self.scope(request, **kwargs)
         budget = Budget.objects.filter(org=org, project=project, user=user).first()
         if budget is None:

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
@@ -49,20 +50,44 @@ class StrictCharField(serializers.CharField):
 
 
 class StrictCharFieldSchema(OpenApiSerializerFieldExtension):
-    """The schema says what StrictCharField enforces: no NUL (PostgreSQL text cannot hold it), so
-    clients and schema-driven fuzzers see it as a rule, not a surprise 400."""
+    """The schema says what StrictCharField enforces: no NUL (PostgreSQL text cannot hold it), and
+    unless blank is allowed, something besides whitespace (DRF trims it, then refuses a blank
+    string: `"\\n"` is 400 "may not be blank", which `minLength: 1` alone does not say), so
+    clients and schema-driven fuzzers see them as rules, not surprise 400s."""
 
     target_class = StrictCharField
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
         schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
-        return {**schema, "pattern": "^[^\\u0000]*$"}
+        if self.target.allow_blank or not self.target.trim_whitespace:
+            return {**schema, "pattern": "^[^\\u0000]*$"}
+        return {**schema, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"}
 
 
 class StrictDateTimeField(serializers.DateTimeField):
     def to_internal_value(self, value: Any) -> Any:
         if not isinstance(value, str):
             self.fail("invalid", format="ISO 8601")
+        return super().to_internal_value(value)
+
+
+class AwareDateTimeField(StrictDateTimeField):
+    """An ISO 8601 instant with its UTC offset (`Z` or `+02:00`). A naive time would be read in
+    the server's zone, which the caller cannot see: asking for a balance "as of 03:40" must say
+    which 03:40."""
+
+    default_error_messages = {
+        "naive": "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or +01:00.",
+    }
+
+    def to_internal_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                parsed = parse_datetime(value)
+            except ValueError:
+                parsed = None  # out of range: DRF's own parse reports it as invalid
+            if parsed is not None and parsed.tzinfo is None:
+                self.fail("naive")
         return super().to_internal_value(value)
 
 

@@ -1,14 +1,18 @@
 """Shapes of balances, journal entries and credit issuance."""
 
+from datetime import datetime
+
 from rest_framework import serializers
 
 from config.api.serializers import (
     MAX_AMOUNT,
+    AwareDateTimeField,
     StrictCharField,
     StrictDateTimeField,
     StrictIntegerField,
     StrictSerializer,
 )
+from ledger.clock import ledger_now
 from ledger.models import BucketKind, BucketSource, LedgerTransaction, Posting, TransactionKind
 
 
@@ -48,17 +52,52 @@ class BucketBalanceSerializer(serializers.Serializer):
     voided = serializers.IntegerField()
 
 
+class ProjectUsageSerializer(serializers.Serializer):
+    """A project's own holds, apart from the shared buckets' totals."""
+
+    held = serializers.IntegerField(help_text="Still held by this project's holds (its unfinished jobs).")
+    spent = serializers.IntegerField(help_text="Captured from this project's holds (what its jobs cost).")
+
+
 class BalanceSerializer(serializers.Serializer):
     """All amounts are integer micro-credits (1 credit = 1,000,000)."""
 
     org = serializers.IntegerField()
     project = serializers.IntegerField(allow_null=True)
     as_of = serializers.DateTimeField()
-    totals = AmountsSerializer()
+    totals = AmountsSerializer(
+        help_text="Sums over `buckets`. For a project these are bucket totals: the org-wide buckets it "
+        "shares are held and spent by the org's other projects too (see `project_usage`)."
+    )
     paid = AmountsSerializer()
     promotional = AmountsSerializer()
     expiring = ExpiringSerializer()
     buckets = BucketBalanceSerializer(many=True)
+    project_usage = ProjectUsageSerializer(
+        allow_null=True,
+        help_text="A project's balance only (null for an org): held and spent by this project's own holds, "
+        "whichever buckets they drew on.",
+    )
+
+
+class BalanceQuerySerializer(StrictSerializer):
+    """The balance routes' one query parameter; any other is a 400 (a typo must not be ignored)."""
+
+    as_of = AwareDateTimeField(
+        required=False,
+        help_text="Balance as it stood at this instant (ISO 8601 with offset), rebuilt from the journal. "
+        "Not in the future; default now.",
+    )
+
+    def validate_as_of(self, value: datetime) -> datetime:
+        now = ledger_now()
+        if value > now:
+            # The journal cannot know the future: answering with today's figures would pass them
+            # off as a forecast.
+            raise serializers.ValidationError(
+                f"Must not be in the future (the ledger's clock reads {now.isoformat()})."
+            )
+        return value
 
 
 class PostingSerializer(serializers.ModelSerializer):

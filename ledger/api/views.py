@@ -1,5 +1,6 @@
 """Balances, the journal and credit issuance: thin views over ledger selectors and services."""
 
+from datetime import datetime
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -20,6 +21,7 @@ from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
 from ledger.api.csv_renderer import StatementCsvRenderer
 from ledger.api.serializers import (
+    BalanceQuerySerializer,
     BalanceSerializer,
     BucketSerializer,
     CreditIssueSerializer,
@@ -34,26 +36,40 @@ from ledger.services import issue_credits
 from ledger.statements import org_statement
 
 
+def _as_of(request: Request) -> datetime | None:
+    """The balance routes' query: `as_of` or nothing (400 for anything else, as on every route)."""
+    query = BalanceQuerySerializer(data=request.query_params.dict())
+    query.is_valid(raise_exception=True)
+    return query.validated_data.get("as_of")
+
+
 class OrgBalanceView(GenericAPIView):
     serializer_class = BalanceSerializer
 
-    @extend_schema(operation_id="orgs_balance", responses=BalanceSerializer)
+    @extend_schema(operation_id="orgs_balance", parameters=[BalanceQuerySerializer],
+                   responses=BalanceSerializer)
     def get(self, request: Request, org_id: int) -> Response:
+        as_of = _as_of(request)
         org = get_visible_org(request.user, org_id)
         require_org_reader(request.user, org)
         enforce_org_limit(request, org_id=org.pk, scope="default")
-        return Response(BalanceSerializer(balance_breakdown(org=org)).data)
+        return Response(BalanceSerializer(balance_breakdown(org=org, as_of=as_of)).data)
 
 
 class ProjectBalanceView(GenericAPIView):
     serializer_class = BalanceSerializer
 
-    @extend_schema(operation_id="projects_balance", responses=BalanceSerializer,
-                   description="What the project can spend: its own buckets and the org-wide ones.")
+    @extend_schema(operation_id="projects_balance", parameters=[BalanceQuerySerializer],
+                   responses=BalanceSerializer,
+                   description="What the project can spend: its own buckets and the org-wide ones (their "
+                   "totals include other projects' holds and spending on the shared buckets), and "
+                   "`project_usage`: what this project's own jobs hold and have spent.")
     def get(self, request: Request, project_id: int) -> Response:
+        as_of = _as_of(request)
         project = get_visible_project(request.user, project_id)
         enforce_org_limit(request, org_id=project.org_id, scope="default")
-        return Response(BalanceSerializer(balance_breakdown(org=project.org, project=project)).data)
+        breakdown = balance_breakdown(org=project.org, project=project, as_of=as_of)
+        return Response(BalanceSerializer(breakdown).data)
 
 
 class OrgTransactionsView(GenericAPIView):

@@ -11,8 +11,15 @@ from django.utils import timezone
 
 from ledger.clock import shifted
 from ledger.models import BucketKind, Hold, HoldLine
-from ledger.selectors import balance_breakdown, org_transactions
-from ledger.services import capture, expire_due_buckets, place_hold, release_hold, void_credits
+from ledger.selectors import balance_breakdown, org_transactions, project_usage
+from ledger.services import (
+    capture,
+    expire_due_buckets,
+    extend_hold,
+    place_hold,
+    release_hold,
+    void_credits,
+)
 from ledger.verification import verify_ledger
 from tests.factories import ProjectFactory, fund
 
@@ -105,6 +112,34 @@ def test_project_breakdown_includes_org_wide_and_own_buckets(org) -> None:
     wide = fund(org, 5)
     ids = {r["id"] for r in balance_breakdown(org=org, project=p1)["buckets"]}
     assert ids == {own.pk, wide.pk}
+
+
+def test_project_usage_counts_only_the_projects_own_holds_now_and_as_of(org) -> None:
+    """A project's balance sums buckets it shares; `project_usage` is its own holds only, and is
+    the same read from the holds' columns (now) as rebuilt from their postings (as of)."""
+    p1, p2 = ProjectFactory(org=org), ProjectFactory(org=org)
+    now = timezone.now()
+    fund(org, 1_000, expires_at=now + timedelta(days=1))  # org-wide: both projects draw on it
+    mine = place_hold(org=org, amount=100, key="mine", project=p1)
+    place_hold(org=org, amount=300, key="theirs", project=p2)
+    assert project_usage(project=p1) == {"held": 100, "spent": 0}
+    with shifted(timedelta(hours=1)):
+        extend_hold(hold=mine, amount=50, key="more")
+        assert project_usage(project=p1) == {"held": 150, "spent": 0}
+    with shifted(timedelta(hours=2)):
+        capture(hold=mine, amount=70, key="c")
+        assert project_usage(project=p1) == {"held": 80, "spent": 70}
+    with shifted(timedelta(days=2)):  # released after the bucket expired: expired, not available
+        release_hold(hold=mine)
+        expire_due_buckets()
+        assert project_usage(project=p1) == {"held": 0, "spent": 70}
+    stages = [(timedelta(minutes=30), 100, 0), (timedelta(hours=1, minutes=30), 150, 0),
+              (timedelta(hours=3), 80, 70), (timedelta(days=3), 0, 70)]
+    for offset, held, spent in stages:
+        breakdown = balance_breakdown(org=org, project=p1, as_of=now + offset)
+        assert breakdown["project_usage"] == {"held": held, "spent": spent}, offset
+    assert balance_breakdown(org=org, project=p1)["totals"]["held"] == 300  # p2's, on the shared bucket
+    assert balance_breakdown(org=org)["project_usage"] is None
 
 
 def test_org_transactions_filters(org) -> None:

@@ -9,12 +9,18 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from ledger.clock import ledger_now, shifted
+from ledger.models import MICRO, BucketKind
 from ledger.selectors import balance_breakdown
+from ledger.services import expire_due_buckets, place_hold, void_credits
 from portal.templatetags.portal_money import credits
 from scheduling.models import Job, JobState
+from tests.factories import fund
 from tests.portal.conftest import World
 
 pytestmark = pytest.mark.django_db
+# Every kind and bucket row shows these, in this order; the first five add up to the last.
+ROW_COLUMNS = ("available", "held", "spent", "expired", "voided", "granted")
 
 
 def _client(user: object) -> Client:
@@ -41,6 +47,32 @@ def _kind_row(panel: str, kind: str) -> list[str]:
     return re.findall(r'<td class="num">([^<]*)</td>', row.group(1))
 
 
+def _bucket_row(panel: str, bucket_id: int) -> list[str]:
+    row = re.search(rf'<tr data-bucket="{bucket_id}">(.*?)</tr>', panel, re.S)
+    assert row, bucket_id
+    return re.findall(r'<td class="num">([^<]*)</td>', row.group(1))
+
+
+def _bucket_cell(panel: str, bucket_id: int, name: str) -> str:
+    row = re.search(rf'<tr data-bucket="{bucket_id}">(.*?)</tr>', panel, re.S)
+    assert row, bucket_id
+    cell = re.search(rf'<(td|span)[^>]* data-field="{name}"[^>]*>(.*?)</\1>', row.group(1), re.S)
+    assert cell, (bucket_id, name)
+    return re.sub(r"<[^>]+>", "", cell.group(2)).strip()
+
+
+def _bucket_row_html(panel: str, bucket_id: int) -> str:
+    row = re.search(rf'<tr data-bucket="{bucket_id}">(.*?)</tr>', panel, re.S)
+    assert row, bucket_id
+    return row.group(1)
+
+
+def _micro(text: str) -> int:
+    """The page's credits back to micro-credits (exact: `credits` never rounds)."""
+    whole, _, frac = text.replace(",", "").partition(".")
+    return int(whole) * MICRO + int(frac.ljust(6, "0"))
+
+
 @pytest.mark.parametrize("name", ["portal:home", "portal:dashboard"])
 def test_pages_require_login(client: Client, name: str) -> None:
     response = client.get(reverse(name))
@@ -64,13 +96,14 @@ def test_numbers_on_the_page_match_the_selector(world: World, key: str) -> None:
         assert _field(panel, name) == credits(expected["totals"][name])
     assert _field(panel, "expiring_7d") == credits(expected["expiring"]["7d"])
     assert _field(panel, "expiring_30d") == credits(expected["expiring"]["30d"])
+    assert _field(panel, "spendable") == credits(expected["totals"]["spendable"])
     for kind in ("paid", "promotional"):
-        assert _kind_row(panel, kind) == [
-            credits(expected[kind][name]) for name in ("available", "held", "spent", "expired")
-        ]
+        assert _kind_row(panel, kind) == [credits(expected[kind][name]) for name in ROW_COLUMNS]
     assert {int(i) for i in re.findall(r'data-bucket="(\d+)"', panel)} == {
         row["id"] for row in expected["buckets"]
     }
+    for row in expected["buckets"]:
+        assert _bucket_row(panel, row["id"]) == [credits(row[name]) for name in ROW_COLUMNS]
 
 
 def test_fixture_figures_are_the_ones_we_expect(world: World) -> None:
@@ -153,12 +186,71 @@ def test_logout_signs_out(world: World) -> None:
 def test_home_page_query_count_does_not_grow_with_buckets(
     world: World, django_assert_max_num_queries: object
 ) -> None:
-    from tests.factories import fund
-
+    # 18: each of alice's two project panels (vision, ops) adds one sum of its own holds.
     client = _client(world.alice)
-    with django_assert_max_num_queries(16):  # type: ignore[operator]
+    with django_assert_max_num_queries(18):  # type: ignore[operator]
         assert client.get("/").status_code == 200
     for _ in range(10):
         fund(world.acme, 1_000_000)
-    with django_assert_max_num_queries(16):  # type: ignore[operator]
+    with django_assert_max_num_queries(18):  # type: ignore[operator]
         assert client.get("/").status_code == 200
+
+
+def test_every_kind_and_bucket_row_adds_up_to_granted(world: World) -> None:
+    """QA: the rows lacked Voided (and the bucket table Expired), so they did not add up."""
+    in_9_days = ledger_now() + timedelta(days=9)
+    voided = fund(world.acme, 40 * MICRO, kind=BucketKind.PROMOTIONAL, expires_at=in_9_days)
+    void_credits(bucket=voided, reason="refund", key="portal-void", amount=15 * MICRO)
+    with shifted(timedelta(days=10)):  # the 5-day promo and the 9-day one expire
+        expire_due_buckets()
+        html = _client(world.alice).get(reverse("portal:org", args=["acme"])).content.decode()
+    rows_checked = 0
+    for key in ("org-acme", "project-acme-vision"):
+        panel = _panel_html(html, key)
+        rows = [_kind_row(panel, kind) for kind in ("paid", "promotional")]
+        rows += [_bucket_row(panel, int(i)) for i in re.findall(r'data-bucket="(\d+)"', panel)]
+        for cells in rows:
+            assert len(cells) == len(ROW_COLUMNS)
+            *parts, granted = (_micro(cell) for cell in cells)
+            assert sum(parts) == granted and granted > 0, cells
+            rows_checked += 1
+    org = _panel_html(html, "org-acme")
+    assert _bucket_row(org, voided.pk)[3:] == ["25.00", "15.00", "40.00"]  # expired, voided, granted
+    assert _kind_row(org, "promotional")[4] == "15.00"
+    assert rows_checked == 2 + 5 + 2 + 4  # kinds and buckets of both panels: none skipped
+
+
+def test_spendable_now_and_what_limits_a_bucket(world: World) -> None:
+    """QA: Available counted credits that cannot be spent now (a bucket not yet in effect, one
+    for some GPU types only) with nothing on the page saying so."""
+    start = ledger_now() + timedelta(days=3)
+    later = fund(world.acme, 100 * MICRO, effective_at=start)
+    h100_only = fund(world.acme, 30 * MICRO, gpu_types=("H100",))
+    html = _client(world.alice).get("/").content.decode()
+    panel = _panel_html(html, "org-acme")
+    expected = balance_breakdown(org=world.acme)["totals"]
+    assert expected["available"] - expected["spendable"] == 100 * MICRO
+    assert _field(panel, "available") == credits(expected["available"])
+    assert _field(panel, "spendable") == credits(expected["spendable"])
+    assert _field(panel, "spendable_gpu_limited") == "30.00"
+    assert _bucket_cell(panel, h100_only.pk, "gpu_types") == "H100 only"
+    assert _bucket_cell(panel, world.paid.pk, "gpu_types") == "any"
+    assert _bucket_cell(panel, later.pk, "effective_at") == f"from {start:%Y-%m-%d %H:%M} UTC"
+    assert 'data-field="effective_at"' not in _bucket_row_html(panel, h100_only.pk)
+
+
+def test_a_project_panel_shows_its_own_jobs_apart_from_the_shared_buckets(world: World) -> None:
+    """QA: the vision panel's Held counted another project's job on the org-wide bucket."""
+    ops = world.acme.projects.get(slug="ops")
+    place_hold(org=world.acme, amount=7 * MICRO, key="ops-hold", project=ops)
+    html = _client(world.alice).get("/").content.decode()
+    vision = _panel_html(html, "project-acme-vision")
+    shared = balance_breakdown(org=world.acme, project=world.vision)["totals"]
+    # The fixture's vision hold: 80, 12.345678 of it captured. The ops hold is drawn from the
+    # org-wide paid bucket (it expires; ops's own bucket does not, so it is spent last).
+    assert _field(vision, "held") == credits(shared["held"]) == "74.654322"
+    assert _field(vision, "project_held") == "67.654322"
+    assert _field(vision, "project_spent") == "12.345678"
+    assert "all projects" in vision
+    org = _panel_html(html, "org-acme")
+    assert 'data-field="project_held"' not in org and "all projects" not in org
