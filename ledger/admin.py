@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from config.errors import DomainError
 from ledger.admin_forms import IssueCreditsForm, VoidForm
+from ledger.admin_statements import statement_view
 from ledger.models import Bucket, Hold, HoldLine, LedgerTransaction, Posting
 from ledger.services import issue_credits, void_credits
 
@@ -98,7 +99,13 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         issue = path(
             "issue/", self.admin_site.admin_view(self.issue_view), name="ledger_bucket_issue"
         )
-        return [issue, *super().get_urls()]
+        statement = path("statement/", self.admin_site.admin_view(self.statement_view),
+                         name="ledger_bucket_statement")
+        return [issue, statement, *super().get_urls()]
+
+    def statement_view(self, request: HttpRequest) -> HttpResponse:
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta}
+        return statement_view(request, context)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

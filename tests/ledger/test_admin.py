@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
-from ledger.services import place_hold
+from ledger.services import capture, place_hold, void_credits
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
 
 pytestmark = pytest.mark.django_db
@@ -135,3 +135,30 @@ def test_journal_holds_audit_are_viewable_but_read_only(finance_client) -> None:
     bucket.refresh_from_db()
     assert bucket.available == 6
     assert Hold.objects.get(pk=hold.pk).authorized == 4
+
+
+def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client) -> None:
+    from django.test import Client
+
+    from ledger.clock import ledger_now
+
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO)
+    hold = place_hold(org=org, amount=3 * MICRO, key="h")
+    capture(hold=hold, amount=2 * MICRO, key="c")
+    void_credits(bucket=bucket, reason="refund", key="v", amount=1 * MICRO)
+    url = reverse("admin:ledger_bucket_statement")
+    month = ledger_now().strftime("%Y-%m")
+    assert b"Statements" in finance_client.get(reverse("admin:ledger_bucket_changelist")).content
+    page = finance_client.get(url, {"org": org.pk, "month": month})
+    assert page.status_code == 200
+    rows = dict(page.context["rows"])
+    shown = [rows[label] for label in ("Opening balance", "Issued", "Consumed", "Voided", "Closing balance")]
+    assert shown == ["0.00", "10.00", "-2.00", "-1.00", "7.00"]
+    csv_file = finance_client.get(url, {"org": org.pk, "month": month, "format": "csv"})
+    assert csv_file["Content-Type"].startswith("text/csv")
+    assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content
+    assert b"A month looks like" in finance_client.get(url, {"org": org.pk, "month": "11/2026"}).content
+    staff = Client()
+    staff.force_login(UserFactory(is_staff=True))
+    assert staff.get(url).status_code == 403  # staff without finance's journal permission

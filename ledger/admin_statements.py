@@ -1,0 +1,60 @@
+"""Finance's monthly statement of an organization in the admin (the API's `/orgs/{id}/statement`):
+pick an org and a month, read it in credits, download it as CSV."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from accounts.models import Organization
+from ledger.api.csv_renderer import StatementCsvRenderer
+from ledger.api.serializers import StatementSerializer
+from ledger.clock import ledger_now
+from ledger.models import MICRO
+from ledger.statements import org_statement
+
+
+class StatementForm(forms.Form):
+    org = forms.ModelChoiceField(queryset=Organization.objects.order_by("slug"), label="Organization")
+    month = forms.RegexField(regex=r"^\d{4}-\d{2}$", help_text="YYYY-MM (UTC)",
+                             error_messages={"invalid": "A month looks like 2026-11."})
+
+
+def credits(micro: int) -> str:
+    return f"{micro / MICRO:,.2f}"
+
+
+def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpResponse:
+    if not request.user.has_perm("ledger.view_ledgertransaction"):
+        raise PermissionDenied
+    data = request.GET if "org" in request.GET else None
+    form = StatementForm(data, initial={"month": ledger_now().strftime("%Y-%m")})
+    statement = None
+    if form.is_valid():
+        try:
+            statement = StatementSerializer(
+                org_statement(org=form.cleaned_data["org"], month=form.cleaned_data["month"])
+            ).data
+        except ValueError as error:
+            form.add_error("month", str(error))
+    if statement is not None and request.GET.get("format") == "csv":
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response.content = StatementCsvRenderer().render(statement, renderer_context={"response": response})
+        return response
+    rows = []
+    if statement is not None:
+        rows = [("Opening balance", statement["opening"]["total"]), ("Issued", statement["issued"]),
+                ("Consumed", -statement["consumed"]), ("Expired", -statement["expired"]),
+                ("Voided", -statement["voided"]), ("Closing balance", statement["closing"]["total"])]
+        rows = [(label, credits(amount)) for label, amount in rows]
+        for line in statement["consumption"]:
+            line["credits"] = credits(line["amount"])
+        for issue in statement["issues"]:
+            issue["credits"] = credits(issue["amount"])
+    context = {**admin_context, "title": "Statement", "form": form, "statement": statement, "rows": rows,
+               "query": request.GET.urlencode()}
+    return TemplateResponse(request, "admin/ledger/bucket/statement.html", context)
