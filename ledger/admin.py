@@ -111,7 +111,15 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except DomainError as error:
                 form.add_error(None, error.detail)
             else:
-                self.message_user(request, f"Issued bucket {bucket.pk} ({bucket.granted} micro-credits).")
+                if bucket.replayed:
+                    self.message_user(
+                        request,
+                        f"Reference {bucket.reference!r} was already issued as bucket {bucket.pk} "
+                        f"({bucket.granted} micro-credits); nothing new was issued.",
+                        messages.WARNING,
+                    )
+                else:
+                    self.message_user(request, f"Issued bucket {bucket.pk} ({bucket.granted} micro-credits).")
                 return HttpResponseRedirect(reverse("admin:ledger_bucket_change", args=[bucket.pk]))
         context = {
             **self.admin_site.each_context(request),

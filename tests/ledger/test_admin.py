@@ -7,6 +7,7 @@ from django.contrib.auth.models import Group
 from django.urls import reverse
 
 from audit.models import AuditEvent
+from ledger.amounts import MAX_AMOUNT
 from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
 from ledger.services import place_hold
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
@@ -113,3 +114,62 @@ def test_journal_holds_audit_are_viewable_but_read_only(finance_client) -> None:
     bucket.refresh_from_db()
     assert bucket.available == 6
     assert Hold.objects.get(pk=hold.pk).authorized == 4
+
+
+def _messages(response) -> list[str]:
+    """The messages the redirected-to page showed (follow=True consumes them there)."""
+    return [str(m) for m in response.context["messages"]]
+
+
+@pytest.mark.parametrize(("credits", "issued"), [
+    ("999999999999.999999", False),  # QA's amount: ~10^18 micro-credits
+    ("1000000000.000001", False),
+    ("1000000000", True),  # the API's cap, 10^15 micro-credits
+])
+def test_issue_form_has_the_apis_amount_cap(finance_client, credits, issued) -> None:
+    org = OrganizationFactory()
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org, credits=credits))
+    assert response.status_code == (302 if issued else 200)
+    assert Bucket.objects.filter(org=org).exists() is issued
+    if issued:
+        assert Bucket.objects.get(org=org).granted == MAX_AMOUNT
+    else:
+        assert "less than or equal to 1000000000" in response.content.decode()
+
+
+@pytest.mark.parametrize("effective_at", ["2025-01-01 00:00", ""])
+def test_issue_form_refuses_an_expiry_in_the_past(finance_client, effective_at) -> None:
+    """QA issued bucket 11 effective 2025-01-01, expiring 2025-06-01: born expired."""
+    org = OrganizationFactory()
+    form = _issue_form(org, effective_at=effective_at, expires_at="2025-06-01 00:00")
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), form)
+    assert response.status_code == 200
+    assert response.context["form"].errors == {"expires_at": ["The expiry is in the past."]}  # by the field
+    assert "after the effective time" not in response.content.decode()
+    assert not Bucket.objects.filter(org=org).exists()
+
+
+def test_reissuing_the_same_reference_says_nothing_new_was_issued(finance_client) -> None:
+    org = OrganizationFactory()
+    url = reverse("admin:ledger_bucket_issue")
+    first = finance_client.post(url, _issue_form(org), follow=True)
+    bucket = Bucket.objects.get(org=org)
+    assert _messages(first) == [f"Issued bucket {bucket.pk} (12500000 micro-credits)."]
+    again = finance_client.post(url, _issue_form(org), follow=True)
+    assert again.redirect_chain == [(reverse("admin:ledger_bucket_change", args=[bucket.pk]), 302)]
+    assert _messages(again) == [
+        f"Reference 'grant-7' was already issued as bucket {bucket.pk} (12500000 micro-credits); "
+        "nothing new was issued."
+    ]
+    assert Bucket.objects.filter(org=org).count() == 1
+    assert LedgerTransaction.objects.filter(org=org).count() == 1
+
+
+def test_issue_form_shows_a_form_wide_error_once(finance_client) -> None:
+    org = OrganizationFactory()
+    url = reverse("admin:ledger_bucket_issue")
+    finance_client.post(url, _issue_form(org))
+    refused = finance_client.post(url, _issue_form(org, credits="13"))  # same reference, other amount
+    assert refused.status_code == 200
+    assert refused.content.decode().count("was already issued with different parameters") == 1
+
