@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import Group
 from django.urls import reverse
+from django.utils import timezone
 
 from audit.models import AuditEvent
+from ledger.admin import _release_label
 from ledger.amounts import MAX_AMOUNT
+from ledger.clock import shifted
 from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
-from ledger.services import place_hold
+from ledger.services import place_hold, release_hold
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
 
 pytestmark = pytest.mark.django_db
@@ -173,3 +179,32 @@ def test_issue_form_shows_a_form_wide_error_once(finance_client) -> None:
     assert refused.status_code == 200
     assert refused.content.decode().count("was already issued with different parameters") == 1
 
+
+def test_journal_and_holds_tell_a_release_to_expiry_from_one_back_to_the_org(finance_client) -> None:
+    """QA: a release into an expired bucket was listed as "Release", though the org got nothing."""
+    org = OrganizationFactory()
+    fund(org, 3 * MICRO, expires_at=timezone.now() + timedelta(hours=1))
+    fund(org, 10 * MICRO)
+    gone = place_hold(org=org, amount=2 * MICRO, key="gone")  # soonest-expiring first: all expiring
+    mixed = place_hold(org=org, amount=3 * MICRO, key="mixed")  # 1 expiring, 2 not
+    back = place_hold(org=org, amount=MICRO, key="back")
+    release_hold(hold=back)
+    with shifted(timedelta(hours=2)):
+        release_hold(hold=gone)
+        release_hold(hold=mixed)
+    journal = reverse("admin:ledger_ledgertransaction_changelist")
+    releases = finance_client.get(journal + "?kind__exact=release").content.decode()
+    labels = re.findall(r'<td class="field-kind_shown">([^<]*)</td>', releases)
+    assert sorted(labels) == ["Release", f"Release ({MICRO} to expiry)", "Release to expiry"]
+    txn = LedgerTransaction.objects.get(hold=gone, kind="release")
+    detail = finance_client.get(reverse("admin:ledger_ledgertransaction_change", args=[txn.pk]))
+    assert "Release to expiry" in detail.content.decode()
+    holds = finance_client.get(reverse("admin:ledger_hold_changelist")).content.decode()
+    to_expiry = re.findall(r'<td class="field-released_to_expiry">(\d+)</td>', holds)
+    assert sorted(to_expiry, key=int) == ["0", str(MICRO), str(2 * MICRO)]
+
+
+def test_a_partial_release_to_expiry_is_labelled_with_its_part() -> None:
+    assert _release_label("Release", 5, 0) == "Release"
+    assert _release_label("Release", 5, 3) == "Release (3 to expiry)"
+    assert _release_label("Release", 5, 5) == "Release to expiry"
