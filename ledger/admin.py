@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -16,7 +16,8 @@ from django.utils import timezone
 from config.errors import DomainError
 from ledger.admin_forms import IssueCreditsForm, VoidForm
 from ledger.admin_statements import statement_view
-from ledger.models import Bucket, Hold, HoldLine, LedgerTransaction, Posting
+from ledger.models import Account, Bucket, Hold, HoldLine, LedgerTransaction, Posting, TransactionKind
+from ledger.selectors import released_to_expiry_sql
 from ledger.services import issue_credits, void_credits
 
 
@@ -40,14 +41,37 @@ class PostingInline(ReadOnlyAdminMixin, admin.TabularInline):
     extra = 0
 
 
+def _release_label(kind_label: str, amount: int, to_expiry: int) -> str:
+    """A release is one journal kind, but part or all of it may have gone to expiry (its bucket
+    had expired): finance must not read credits the org lost as credits it got back."""
+    if to_expiry <= 0:
+        return kind_label
+    if to_expiry >= amount:
+        return f"{kind_label} to expiry"
+    return f"{kind_label} ({to_expiry} to expiry)"
+
+
 @admin.register(LedgerTransaction)
 class LedgerTransactionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "created_at", "org", "kind", "amount", "key", "hold", "request_id")
+    list_display = ("id", "created_at", "org", "kind_shown", "amount", "key", "hold", "request_id")
+    readonly_fields = ("kind_shown",)
     list_filter = ("kind", "created_at")
     search_fields = ("key", "memo", "org__slug", "request_id", "=hold__id")
     list_select_related = ("org",)
     date_hierarchy = "created_at"
     inlines = [PostingInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerTransaction]:
+        # A release has at most one expiry leg (legs on one account are merged).
+        to_expiry = Posting.objects.filter(transaction=OuterRef("pk"), account=Account.EXPIRY)
+        return super().get_queryset(request).annotate(to_expiry=Subquery(to_expiry.values("amount")[:1]))
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_shown(self, txn: LedgerTransaction) -> str:
+        label = txn.get_kind_display()
+        if txn.kind != TransactionKind.RELEASE:
+            return label
+        return _release_label(label, txn.amount, getattr(txn, "to_expiry", None) or 0)
 
 
 class HoldLineInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -59,12 +83,21 @@ class HoldLineInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 @admin.register(Hold)
 class HoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "org", "project", "state", "authorized", "captured", "released", "reference",
-                    "created_at", "settled_at")
+    list_display = ("id", "org", "project", "state", "authorized", "captured", "released",
+                    "released_to_expiry", "reference", "created_at", "settled_at")
+    readonly_fields = ("released_to_expiry",)
     list_filter = ("state", "created_at")
     search_fields = ("key", "reference", "org__slug", "project__slug")
     list_select_related = ("org", "project")
     inlines = [HoldLineInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Hold]:
+        return super().get_queryset(request).annotate(to_expiry=released_to_expiry_sql())
+
+    @admin.display(description="of which to expiry")
+    def released_to_expiry(self, hold: Hold) -> int:
+        """`released` counts parts whose bucket had expired; those went to expiry, not to the org."""
+        return int(getattr(hold, "to_expiry", 0) or 0)
 
 
 def _void_message(bucket_id: int, txn: Any) -> str:
@@ -129,7 +162,15 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except DomainError as error:
                 form.add_error(None, error.detail)
             else:
-                self.message_user(request, f"Issued bucket {bucket.pk} ({bucket.granted} micro-credits).")
+                if bucket.replayed:
+                    self.message_user(
+                        request,
+                        f"Reference {bucket.reference!r} was already issued as bucket {bucket.pk} "
+                        f"({bucket.granted} micro-credits); nothing new was issued.",
+                        messages.WARNING,
+                    )
+                else:
+                    self.message_user(request, f"Issued bucket {bucket.pk} ({bucket.granted} micro-credits).")
                 return HttpResponseRedirect(reverse("admin:ledger_bucket_change", args=[bucket.pk]))
         context = {
             **self.admin_site.each_context(request),

@@ -8,7 +8,11 @@ from typing import Any
 from django import forms
 
 from accounts.models import Organization, Project
+from ledger.amounts import MAX_AMOUNT
+from ledger.clock import ledger_now
 from ledger.models import MICRO, BucketKind, BucketSource
+
+MAX_CREDITS = Decimal(MAX_AMOUNT) / MICRO
 
 
 def _gpu_type_choices() -> list[tuple[str, str]]:
@@ -28,8 +32,9 @@ class IssueCreditsForm(forms.Form):
     source = forms.ChoiceField(choices=BucketSource.choices)
     kind = forms.ChoiceField(choices=BucketKind.choices)
     credits = forms.DecimalField(
-        min_value=Decimal("0.000001"), max_digits=18, decimal_places=6,
-        help_text="In credits (1 credit = 1,000,000 micro-credits).",
+        # The API's cap (the ledger's MAX_AMOUNT), in credits; issue_credits refuses more anyway.
+        min_value=Decimal("0.000001"), max_value=MAX_CREDITS, max_digits=18, decimal_places=6,
+        help_text=f"In credits (1 credit = 1,000,000 micro-credits), at most {MAX_CREDITS:,}.",
     )
     reference = forms.CharField(max_length=128, help_text="Invoice or grant id; issuing is idempotent by it.")
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
@@ -49,6 +54,10 @@ class IssueCreditsForm(forms.Form):
         project, org = data.get("project"), data.get("org")
         if project is not None and org is not None and project.org_id != org.pk:
             self.add_error("project", "This project belongs to another organization.")
+        expires_at = data.get("expires_at")
+        if expires_at is not None and expires_at <= ledger_now():
+            # Said here, next to the field; issue_credits refuses it too (same words).
+            self.add_error("expires_at", "The expiry is in the past.")
         return data
 
     def micro_credits(self) -> int:

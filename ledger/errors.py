@@ -12,14 +12,14 @@ class LedgerError(DomainError):
 
 
 class InvalidAmount(LedgerError):
-    """An amount that is zero, negative or not an integer of micro-credits."""
+    """An amount that is zero, negative, not an integer of micro-credits, or above the cap."""
 
     type = "invalid-amount"
     title = "Invalid amount"
 
 
 class InvalidExpiry(LedgerError):
-    """An expiry at or before the effective time."""
+    """An expiry at or before the effective time, or already in the past (credits born expired)."""
 
     type = "invalid-expiry"
     title = "Invalid expiry"

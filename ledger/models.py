@@ -51,6 +51,9 @@ class Bucket(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # Not a column: `issue_credits` sets it on the bucket it returns for a reference that was
+    # already issued with the same parameters (nothing new written), so callers can say so.
+    replayed: bool = False
 
     class Meta:
         constraints = [

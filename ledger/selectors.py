@@ -1,16 +1,19 @@
-"""Reads of the ledger: balance breakdowns (now or as of a past time) and an org's journal."""
+"""Reads of the ledger: balance breakdowns (now or as of a past time), an org's journal, and what a
+hold's releases became (back to the org or to expiry)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F, Q, QuerySet, Sum
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from accounts.models import Organization, Project
 from ledger.clock import ledger_now
 from ledger.journal import COLUMNS, bucket_columns_from_postings, project_usage_from_postings
-from ledger.models import Bucket, BucketKind, Hold, LedgerTransaction
+from ledger.models import Account, Bucket, BucketKind, Hold, LedgerTransaction, Posting, TransactionKind
 from ledger.services._journal import spend_order_key
 
 EXPIRY_HORIZONS = {"7d": timedelta(days=7), "30d": timedelta(days=30)}
@@ -122,3 +125,48 @@ def org_transactions(
         qs = qs.filter(kind=kind)
     return qs.prefetch_related("postings").order_by("-created_at", "-id")
 
+
+
+# --- What a hold's releases became ----------------------------------------------------------------
+#
+# `Hold.released` counts everything a release took off the hold, including parts whose bucket had
+# expired by then: those went to the `expiry` account, not back to the org (docs/ledger.md, "Where
+# refunds go"). The journal says which: a release's `expiry` posting. Callers that show a hold to
+# people split `released` with these, so credits lost to expiry are never labelled "released".
+
+_TO_EXPIRY = Posting.objects.filter(transaction__kind=TransactionKind.RELEASE, account=Account.EXPIRY)
+
+
+def released_to_expiry_sql(hold_ref: str = "pk") -> Coalesce:
+    """An annotation: how much of the hold `hold_ref` (an OuterRef name) released went to expiry."""
+    total = (
+        _TO_EXPIRY.filter(transaction__hold_id=OuterRef(hold_ref))
+        .values("transaction__hold_id").annotate(total=Sum("amount")).values("total")
+    )
+    return Coalesce(Subquery(total), 0)
+
+
+def attach_release_split(holds: Iterable[Hold | None]) -> None:
+    """Work out `release_split` for many holds in one query (none if nothing was released)."""
+    wanted = {h.pk: h for h in holds if h is not None and h.released > 0}
+    if not wanted:
+        return
+    totals = dict(
+        _TO_EXPIRY.filter(transaction__hold_id__in=wanted)
+        .values_list("transaction__hold_id").annotate(total=Sum("amount"))
+    )
+    for pk, hold in wanted.items():
+        hold._released_to_expiry = totals.get(pk, 0)  # type: ignore[attr-defined]
+
+
+def release_split(hold: Hold) -> tuple[int, int]:
+    """(returned, expired): the hold's `released` split into what went back to its buckets'
+    available credits and what went to expiry. One query unless nothing was released or
+    `attach_release_split` already ran for it."""
+    if hold.released == 0:
+        return 0, 0
+    expired = getattr(hold, "_released_to_expiry", None)
+    if expired is None:
+        attach_release_split([hold])
+        expired = hold._released_to_expiry  # type: ignore[attr-defined]
+    return hold.released - expired, expired

@@ -8,6 +8,10 @@ from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 from rest_framework.settings import api_settings
 
+# Micro-credit amounts: positive, and far below BigInteger overflow even after summing. The ledger
+# owns the bound (its services refuse more, whatever the caller); re-exported for the serializers.
+from ledger.amounts import MAX_AMOUNT as MAX_AMOUNT
+
 
 class StrictSerializer(serializers.Serializer):
     """Unknown keys in the body are a 400 (a typo must never be silently ignored)."""
@@ -90,9 +94,6 @@ class AwareDateTimeField(StrictDateTimeField):
                 self.fail("naive")
         return super().to_internal_value(value)
 
-
-# Micro-credit amounts: positive, and far below BigInteger overflow even after summing.
-MAX_AMOUNT = 10**15
 
 
 class PageQuerySerializer(StrictSerializer):

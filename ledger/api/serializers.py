@@ -133,7 +133,8 @@ class CreditIssueSerializer(StrictSerializer):
                                 help_text="Finance reference (invoice, grant id); unique per org.")
     reason = StrictCharField(min_length=1, max_length=2000)
     effective_at = StrictDateTimeField(required=False)
-    expires_at = StrictDateTimeField(required=False)
+    expires_at = StrictDateTimeField(required=False, help_text="In the future and after effective_at; "
+                                     "empty = never.")
     project = StrictIntegerField(required=False, min_value=1, max_value=2**53,
                                  help_text="Scope the credits to one project of the org.")
     gpu_types = serializers.ListField(child=StrictCharField(min_length=1, max_length=32),

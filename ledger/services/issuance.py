@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from accounts.models import Organization, Project
 from audit.services import record
+from ledger.amounts import MAX_AMOUNT
 from ledger.clock import ledger_now
 from ledger.errors import (
     IdempotencyConflict,
@@ -19,7 +20,15 @@ from ledger.errors import (
     InvalidParameter,
 )
 from ledger.locks import lock_buckets
-from ledger.models import Account, Bucket, BucketKind, BucketSource, LedgerTransaction, TransactionKind
+from ledger.models import (
+    MICRO,
+    Account,
+    Bucket,
+    BucketKind,
+    BucketSource,
+    LedgerTransaction,
+    TransactionKind,
+)
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
@@ -54,6 +63,7 @@ def _same_grant(bucket: Bucket, wanted: Bucket, effective_given: bool) -> Bucket
             reference=bucket.reference,
             bucket=bucket.pk,
         )
+    bucket.replayed = True
     return bucket
 
 
@@ -73,8 +83,18 @@ def issue_credits(
     gpu_types: Iterable[str] = (),
     actor: Any = None,
 ) -> Bucket:
-    """Create a bucket funded from `issuance`; idempotent by (org, reference)."""
+    """Create a bucket funded from `issuance`; idempotent by (org, reference).
+
+    The bucket returned for a reference already issued with the same parameters has
+    `replayed = True` (nothing new was written), so a caller can say so instead of "issued".
+    """
     check_amount(amount)
+    if amount > MAX_AMOUNT:
+        # The API and the admin form refuse it too; checked here so that no path can issue more.
+        raise InvalidAmount(
+            f"At most {MAX_AMOUNT} micro-credits ({MAX_AMOUNT // MICRO:,} credits) per issue, got {amount}.",
+            maximum=MAX_AMOUNT,
+        )
     if kind not in BucketKind.values:
         raise InvalidParameter(f"Unknown credit kind {kind!r}.", field="kind")
     if source not in BucketSource.values:
@@ -87,7 +107,7 @@ def issue_credits(
     types = check_gpu_types(gpu_types)
     now = ledger_now()
     effective = effective_at or now
-    if expires_at is not None and expires_at <= effective:
+    if expires_at is not None and effective_at is not None and expires_at <= effective_at:
         raise InvalidExpiry("The expiry must be after the effective time.")
     wanted = Bucket(
         org_id=org.pk,
@@ -105,7 +125,11 @@ def issue_credits(
     )
     existing = Bucket.objects.filter(org_id=org.pk, reference=reference).first()
     if existing is not None:
+        # A replay answers as the original did, even once that grant's expiry has passed.
         return _same_grant(existing, wanted, effective_at is not None)
+    if expires_at is not None and expires_at <= now:
+        # Credits born expired would show as available until the next expiry sweep.
+        raise InvalidExpiry("The expiry is in the past.", expires_at=expires_at.isoformat())
     try:
         with transaction.atomic():
             wanted.save(force_insert=True)

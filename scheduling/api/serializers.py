@@ -11,6 +11,7 @@ from config.api.serializers import (
     StrictSerializer,
 )
 from ledger.models import Hold
+from ledger.selectors import release_split
 from scheduling.models import Dependency, Job, JobAttempt
 from scheduling.services.dependencies import MAX_DEPENDENCIES
 
@@ -68,12 +69,26 @@ class JobSubmitSerializer(StrictSerializer):
 
 
 class HoldSummarySerializer(serializers.ModelSerializer):
+    """authorized = captured + released + expired + remaining (micro-credits)."""
+
+    released = serializers.SerializerMethodField(
+        help_text="Given back to the org: returned to the available credits of the buckets it came from."
+    )
+    expired = serializers.SerializerMethodField(
+        help_text="Released after its bucket had expired, so it went to expiry: the org did not get it back."
+    )
     remaining = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Hold
-        fields = ["id", "state", "authorized", "captured", "released", "remaining", "created_at",
-                  "settled_at"]
+        fields = ["id", "state", "authorized", "captured", "released", "expired", "remaining",
+                  "created_at", "settled_at"]
+
+    def get_released(self, hold: Hold) -> int:
+        return release_split(hold)[0]
+
+    def get_expired(self, hold: Hold) -> int:
+        return release_split(hold)[1]
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -141,9 +156,10 @@ def _when(value: Any) -> Any:
 def render_hold_summary(hold: Hold) -> dict[str, Any]:
     """`HoldSummarySerializer(hold).data`, written out (the submission path renders it per request;
     tests/api/test_jobs_submit.py checks it stays equal to the serializer)."""
+    returned, expired = release_split(hold)
     return {
         "id": hold.pk, "state": str(hold.state), "authorized": int(hold.authorized),
-        "captured": int(hold.captured), "released": int(hold.released),
+        "captured": int(hold.captured), "released": returned, "expired": expired,
         "remaining": int(hold.remaining), "created_at": _when(hold.created_at),
         "settled_at": _when(hold.settled_at),
     }

@@ -24,6 +24,7 @@ from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
 from config.api.serializers import no_query, validated
+from ledger.selectors import attach_release_split
 from scheduling.api.serializers import (
     JobDetailSerializer,
     JobListQuerySerializer,
@@ -96,6 +97,7 @@ class JobListCreateView(GenericAPIView):
         if state := query.validated_data.get("state"):
             jobs = jobs.filter(state=state)
         page = self.paginate_queryset(jobs)
+        attach_release_split(job.current_hold for job in page)  # one query for the page, not per job
         return self.get_paginated_response(JobSerializer(page, many=True).data)
 
     @extend_schema(

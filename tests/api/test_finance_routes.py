@@ -99,6 +99,21 @@ def test_invalid_credit_issuance_is_400(finance: APIClient, tenant: Tenant, body
     assert Bucket.objects.filter(org=tenant.org).count() == 1
 
 
+@pytest.mark.parametrize("effective_at", [None, "2025-01-01T00:00:00Z"])
+def test_credits_expiring_in_the_past_are_refused(finance: APIClient, tenant: Tenant,
+                                                  effective_at: str | None) -> None:
+    """QA: finance issued a bucket already expired (it showed available until the expiry sweep)."""
+    body = {"amount": 5, "kind": "paid", "source": "purchase", "reference": "late", "reason": "r",
+            "expires_at": "2025-06-01T00:00:00Z"}
+    if effective_at:
+        body["effective_at"] = effective_at
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)
+    problem = response.json()
+    assert response.status_code == 400, problem
+    assert (problem["type"], problem["detail"]) == ("invalid-expiry", "The expiry is in the past.")
+    assert Bucket.objects.filter(org=tenant.org).count() == 1
+
+
 def test_transactions_are_paginated_and_filtered(api: APIClient, job_body: Any, tenant: Tenant) -> None:
     for _ in range(3):
         send(api, "post", "/api/v1/jobs", job_body())

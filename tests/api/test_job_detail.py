@@ -2,15 +2,22 @@
 was visible, so a job's cost across retries could not be seen), in a constant number of queries."""
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from ledger.services import capture
+from ledger.clock import shifted
+from ledger.models import MICRO, Hold
+from ledger.services import capture, expire_due_buckets
+from scheduling.api.serializers import render_hold_summary
 from scheduling.models import Job
 from scheduling.services.lifecycle import finish_attempt
+from tests.api.factories import Tenant
 from tests.api.test_job_dependencies import run, submit
+from tests.factories import fund
 
 pytestmark = pytest.mark.django_db
 
@@ -34,3 +41,26 @@ def test_attempts_show_their_nodes_and_charges_and_the_retry_limit(
     assert attempts[1]["charged"] == 0 and attempts[1]["nodes"] == sorted(
         {a.node.name for a in second.allocations.select_related("node")}
     )
+
+
+def test_the_hold_summary_says_what_went_back_and_what_expired(
+    api: APIClient, job_body: Callable, tenant: Tenant
+) -> None:
+    """QA: a held job drew 3,000,000 from a bucket that expired; cancelled after the expiry sweep,
+    its hold said `released: 3000000` although the org got nothing back (it all went to expiry)."""
+    fund(tenant.org, 3 * MICRO, expires_at=timezone.now() + timedelta(hours=1))  # drawn first
+    job = submit(api, job_body, gpu_types=["H100"], held=True)
+    authorized = job["hold"]["authorized"]
+    assert authorized > 3 * MICRO  # the rest comes from the tenant's unexpiring credits
+    assert (job["hold"]["released"], job["hold"]["expired"]) == (0, 0)
+    with shifted(timedelta(hours=2)):
+        expire_due_buckets()
+        cancelled = api.post(f"/api/v1/jobs/{job['id']}/cancel", format="json",
+                             HTTP_IDEMPOTENCY_KEY="cancel-after-expiry").json()
+    assert cancelled["state"] == "cancelled"
+    want = {"captured": 0, "released": authorized - 3 * MICRO, "expired": 3 * MICRO, "remaining": 0}
+    assert {k: cancelled["hold"][k] for k in want} == want
+    detail = api.get(f"/api/v1/jobs/{job['id']}").json()["hold"]
+    listed = api.get("/api/v1/jobs").json()["results"][0]["hold"]
+    assert detail == listed == cancelled["hold"]
+    assert render_hold_summary(Hold.objects.get(pk=detail["id"])) == detail

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -10,8 +11,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from ledger.admin import _release_label
+from ledger.amounts import MAX_AMOUNT
+from ledger.clock import shifted
 from ledger.models import MICRO, Bucket, Hold, LedgerTransaction
-from ledger.services import capture, place_hold, void_credits
+from ledger.services import capture, place_hold, release_hold, void_credits
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory, fund
 
 pytestmark = pytest.mark.django_db
@@ -162,3 +166,91 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     staff = Client()
     staff.force_login(UserFactory(is_staff=True))
     assert staff.get(url).status_code == 403  # staff without finance's journal permission
+
+
+def _messages(response) -> list[str]:
+    """The messages the redirected-to page showed (follow=True consumes them there)."""
+    return [str(m) for m in response.context["messages"]]
+
+
+@pytest.mark.parametrize(("credits", "issued"), [
+    ("999999999999.999999", False),  # QA's amount: ~10^18 micro-credits
+    ("1000000000.000001", False),
+    ("1000000000", True),  # the API's cap, 10^15 micro-credits
+])
+def test_issue_form_has_the_apis_amount_cap(finance_client, credits, issued) -> None:
+    org = OrganizationFactory()
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org, credits=credits))
+    assert response.status_code == (302 if issued else 200)
+    assert Bucket.objects.filter(org=org).exists() is issued
+    if issued:
+        assert Bucket.objects.get(org=org).granted == MAX_AMOUNT
+    else:
+        assert "less than or equal to 1000000000" in response.content.decode()
+
+
+@pytest.mark.parametrize("effective_at", ["2025-01-01 00:00", ""])
+def test_issue_form_refuses_an_expiry_in_the_past(finance_client, effective_at) -> None:
+    """QA issued bucket 11 effective 2025-01-01, expiring 2025-06-01: born expired."""
+    org = OrganizationFactory()
+    form = _issue_form(org, effective_at=effective_at, expires_at="2025-06-01 00:00")
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), form)
+    assert response.status_code == 200
+    assert response.context["form"].errors == {"expires_at": ["The expiry is in the past."]}  # by the field
+    assert "after the effective time" not in response.content.decode()
+    assert not Bucket.objects.filter(org=org).exists()
+
+
+def test_reissuing_the_same_reference_says_nothing_new_was_issued(finance_client) -> None:
+    org = OrganizationFactory()
+    url = reverse("admin:ledger_bucket_issue")
+    first = finance_client.post(url, _issue_form(org), follow=True)
+    bucket = Bucket.objects.get(org=org)
+    assert _messages(first) == [f"Issued bucket {bucket.pk} (12500000 micro-credits)."]
+    again = finance_client.post(url, _issue_form(org), follow=True)
+    assert again.redirect_chain == [(reverse("admin:ledger_bucket_change", args=[bucket.pk]), 302)]
+    assert _messages(again) == [
+        f"Reference 'grant-7' was already issued as bucket {bucket.pk} (12500000 micro-credits); "
+        "nothing new was issued."
+    ]
+    assert Bucket.objects.filter(org=org).count() == 1
+    assert LedgerTransaction.objects.filter(org=org).count() == 1
+
+
+def test_issue_form_shows_a_form_wide_error_once(finance_client) -> None:
+    org = OrganizationFactory()
+    url = reverse("admin:ledger_bucket_issue")
+    finance_client.post(url, _issue_form(org))
+    refused = finance_client.post(url, _issue_form(org, credits="13"))  # same reference, other amount
+    assert refused.status_code == 200
+    assert refused.content.decode().count("was already issued with different parameters") == 1
+
+
+def test_journal_and_holds_tell_a_release_to_expiry_from_one_back_to_the_org(finance_client) -> None:
+    """QA: a release into an expired bucket was listed as "Release", though the org got nothing."""
+    org = OrganizationFactory()
+    fund(org, 3 * MICRO, expires_at=timezone.now() + timedelta(hours=1))
+    fund(org, 10 * MICRO)
+    gone = place_hold(org=org, amount=2 * MICRO, key="gone")  # soonest-expiring first: all expiring
+    mixed = place_hold(org=org, amount=3 * MICRO, key="mixed")  # 1 expiring, 2 not
+    back = place_hold(org=org, amount=MICRO, key="back")
+    release_hold(hold=back)
+    with shifted(timedelta(hours=2)):
+        release_hold(hold=gone)
+        release_hold(hold=mixed)
+    journal = reverse("admin:ledger_ledgertransaction_changelist")
+    releases = finance_client.get(journal + "?kind__exact=release").content.decode()
+    labels = re.findall(r'<td class="field-kind_shown">([^<]*)</td>', releases)
+    assert sorted(labels) == ["Release", f"Release ({MICRO} to expiry)", "Release to expiry"]
+    txn = LedgerTransaction.objects.get(hold=gone, kind="release")
+    detail = finance_client.get(reverse("admin:ledger_ledgertransaction_change", args=[txn.pk]))
+    assert "Release to expiry" in detail.content.decode()
+    holds = finance_client.get(reverse("admin:ledger_hold_changelist")).content.decode()
+    to_expiry = re.findall(r'<td class="field-released_to_expiry">(\d+)</td>', holds)
+    assert sorted(to_expiry, key=int) == ["0", str(MICRO), str(2 * MICRO)]
+
+
+def test_a_partial_release_to_expiry_is_labelled_with_its_part() -> None:
+    assert _release_label("Release", 5, 0) == "Release"
+    assert _release_label("Release", 5, 3) == "Release (3 to expiry)"
+    assert _release_label("Release", 5, 5) == "Release to expiry"

@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from ledger.clock import shifted
 from ledger.errors import (
     CaptureExceedsHold,
     HoldNotActive,
@@ -53,12 +54,14 @@ def test_same_expiry_and_kind_orders_by_effective_then_id(org) -> None:
 def test_not_yet_effective_and_expired_buckets_are_not_spent(org) -> None:
     now = timezone.now()
     fund(org, 50, effective_at=now + timedelta(days=1))
-    fund(org, 50, effective_at=now - timedelta(days=3), expires_at=now - timedelta(days=1))
+    # Issued unexpired (an expiry in the past is refused), then the clock passes it.
+    fund(org, 50, effective_at=now - timedelta(days=3), expires_at=now + timedelta(hours=1))
     ok = fund(org, 10)
-    with pytest.raises(InsufficientCredits) as info:
-        place_hold(org=org, amount=11, key="h")
-    assert (info.value.needed, info.value.available) == (11, 10)
-    assert place_hold(org=org, amount=10, key="h2").lines.get().bucket_id == ok.pk
+    with shifted(timedelta(hours=2)):
+        with pytest.raises(InsufficientCredits) as info:
+            place_hold(org=org, amount=11, key="h")
+        assert (info.value.needed, info.value.available) == (11, 10)
+        assert place_hold(org=org, amount=10, key="h2").lines.get().bucket_id == ok.pk
 
 
 def test_project_scoped_buckets_only_for_their_project(org) -> None:

@@ -10,6 +10,8 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from ledger.amounts import MAX_AMOUNT
+from ledger.clock import shifted
 from ledger.errors import (
     IdempotencyConflict,
     InsufficientCredits,
@@ -180,3 +182,37 @@ def test_finance_group_has_view_issue_and_void_permissions() -> None:
     assert {"issue_credits", "void_credits", "view_bucket", "view_ledgertransaction", "view_hold",
             "view_posting", "view_holdline", "view_auditevent"} <= codes
     assert not any(c.startswith(("add_", "change_", "delete_")) for c in codes)
+
+
+def test_issue_is_capped_at_max_amount_whatever_the_caller(org) -> None:
+    """QA: the admin issued 10^18 micro-credits ten times into one org (balance beyond 64 bits);
+    the API's cap now holds in the service itself, so no path can issue more."""
+    before = _counts()
+    with pytest.raises(InvalidAmount, match="At most 1000000000000000 micro-credits"):
+        _issue(org, amount=MAX_AMOUNT + 1)
+    assert _counts() == before
+    assert _issue(org, amount=MAX_AMOUNT).granted == MAX_AMOUNT == 10**15
+
+
+@pytest.mark.parametrize("effective", ["given", "empty"])
+def test_an_expiry_in_the_past_is_refused(org, effective) -> None:
+    """QA: a bucket issued already expired showed as available until the expiry sweep; with an
+    empty effective_at the refusal said "must be after the effective time", which confused."""
+    now = timezone.now()
+    overrides = {"expires_at": now - timedelta(days=30)}
+    if effective == "given":
+        overrides["effective_at"] = now - timedelta(days=90)
+    before = _counts()
+    with pytest.raises(InvalidExpiry, match=r"^The expiry is in the past\.$"):
+        _issue(org, **overrides)
+    assert _counts() == before
+
+
+def test_a_replay_says_so_and_answers_even_after_the_expiry_passed(org) -> None:
+    expires = timezone.now() + timedelta(hours=1)
+    first = _issue(org, expires_at=expires)
+    assert first.replayed is False
+    with shifted(timedelta(hours=2)):
+        again = _issue(org, expires_at=expires)
+    assert (again.pk, again.replayed) == (first.pk, True)
+    assert LedgerTransaction.objects.filter(org=org).count() == 1
