@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from accounts.models import Organization
 from accounts.selectors import (
     get_visible_org,
     get_visible_project,
@@ -43,6 +44,14 @@ def _as_of(request: Request) -> datetime | None:
     return query.validated_data.get("as_of")
 
 
+def _org_money_reader(request: Request, org_id: int) -> Organization:
+    """The org, for a caller who may read its money (members and finance), within its rate limit."""
+    org = get_visible_org(request.user, org_id)
+    require_org_reader(request.user, org)
+    enforce_org_limit(request, org_id=org.pk, scope="default")
+    return org
+
+
 class OrgBalanceView(GenericAPIView):
     serializer_class = BalanceSerializer
 
@@ -50,9 +59,7 @@ class OrgBalanceView(GenericAPIView):
                    responses=BalanceSerializer)
     def get(self, request: Request, org_id: int) -> Response:
         as_of = _as_of(request)
-        org = get_visible_org(request.user, org_id)
-        require_org_reader(request.user, org)
-        enforce_org_limit(request, org_id=org.pk, scope="default")
+        org = _org_money_reader(request, org_id)
         return Response(BalanceSerializer(balance_breakdown(org=org, as_of=as_of)).data)
 
 
@@ -81,9 +88,7 @@ class OrgTransactionsView(GenericAPIView):
         responses=TransactionSerializer(many=True),
     )
     def get(self, request: Request, org_id: int) -> Response:
-        org = get_visible_org(request.user, org_id)
-        require_org_reader(request.user, org)
-        enforce_org_limit(request, org_id=org.pk, scope="default")
+        org = _org_money_reader(request, org_id)
         query = TransactionQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         filters = {k: query.validated_data.get(k) for k in ("since", "until", "kind")}
@@ -111,9 +116,7 @@ class OrgStatementView(GenericAPIView):
         "and finance. `?format=csv` (or `Accept: text/csv`) gives it as a spreadsheet.",
     )
     def get(self, request: Request, org_id: int) -> Response:
-        org = get_visible_org(request.user, org_id)
-        require_org_reader(request.user, org)
-        enforce_org_limit(request, org_id=org.pk, scope="default")
+        org = _org_money_reader(request, org_id)
         query = StatementQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         month = query.validated_data.get("month") or ledger_now().strftime("%Y-%m")
