@@ -254,3 +254,15 @@ def test_a_project_panel_shows_its_own_jobs_apart_from_the_shared_buckets(world:
     assert "all projects" in vision
     org = _panel_html(html, "org-acme")
     assert 'data-field="project_held"' not in org and "all projects" not in org
+
+
+def test_org_members_download_the_months_statement_from_the_page(world: World) -> None:
+    alice = _client(world.alice)
+    link = f'href="/api/v1/orgs/{world.acme.pk}/statement?format=csv"'
+    assert link in alice.get("/").content.decode()
+    response = alice.get(f"/api/v1/orgs/{world.acme.pk}/statement?format=csv")  # the browser's session
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert b"closing balance" in response.content
+    # A project-only member reads no org-wide money: no link, and the route says 403.
+    assert "statement?format=csv" not in _client(world.dave).get("/").content.decode()
+    assert _client(world.dave).get(f"/api/v1/orgs/{world.acme.pk}/statement").status_code == 403
