@@ -55,6 +55,7 @@ def test_a_month_adds_up_and_lists_what_was_consumed(
     assert body["closing"]["total"] == body["opening"]["total"] + issued - consumed - expired - voided
     now = balance_breakdown(org=org)["totals"]
     assert (body["closing"]["available"], body["closing"]["held"]) == (now["available"], now["held"])
+    assert sum(line["amount"] for line in body["consumption"]) == body["consumed"]
     (line,) = body["consumption"]
     assert (line["project"], line["gpu_type"], line["amount"], line["gpu_hours"]) == (
         tenant.project.pk, month_of_activity["gpu_type"], cost, 2.0,
