@@ -1,0 +1,91 @@
+"""Monthly statements over random ledger histories spanning several months (Hypothesis): each month
+adds up (closing = opening + issued - consumed - expired - voided), one month closes what the next
+opens, the consumption lines sum to what was consumed, and the last closing is the buckets' balance."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger.clock import ledger_now, shifted
+from ledger.errors import DomainError
+from ledger.models import Bucket, Hold, HoldState
+from ledger.services import capture, expire_due_buckets, place_hold, release_hold, void_credits
+from ledger.statements import org_statement
+from tests.factories import OrganizationFactory, ProjectFactory, fund
+
+OPS = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=100),  # day of the history (0 = 101 days ago)
+        st.sampled_from(["issue", "hold", "hold", "capture", "capture", "release", "void", "close",
+                         "expire"]),
+        st.integers(min_value=1, max_value=500),  # an amount, or which bucket / hold
+        st.sampled_from([None, 3, 20, 45]),  # an issue's lifetime in days (None: never expires)
+    ),
+    min_size=5, max_size=30,
+)
+
+
+def _months(first: str, last: str) -> list[str]:
+    year, month = map(int, first.split("-"))
+    out = []
+    while f"{year:04d}-{month:02d}" <= last:
+        out.append(f"{year:04d}-{month:02d}")
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return out
+
+
+def _apply(org: object, project: object, op: str, n: int, lifetime: int | None, step: int) -> None:
+    buckets = list(Bucket.objects.filter(org=org).order_by("pk"))
+    holds = list(Hold.objects.filter(org=org, state=HoldState.ACTIVE).order_by("pk"))
+    if op == "issue":
+        expires = ledger_now() + timedelta(days=lifetime) if lifetime else None
+        fund(org, n * 1000, expires_at=expires, reference=f"r{step}")
+    elif op == "hold":
+        place_hold(org=org, amount=n * 100, key=f"h{step}", project=project if n % 2 else None)
+    elif op == "capture" and holds:
+        hold = holds[n % len(holds)]
+        capture(hold=hold, amount=max(1, hold.remaining // 2), key=f"c{step}")
+    elif op == "release" and holds:
+        release_hold(hold=holds[n % len(holds)])
+    elif op in ("void", "close") and buckets:
+        bucket = buckets[n % len(buckets)]
+        void_credits(bucket=bucket, reason="test", key=f"v{step}", close=op == "close",
+                     amount=None if op == "close" else max(1, bucket.available // 3) or None)
+    elif op == "expire":
+        expire_due_buckets()
+
+
+@pytest.mark.django_db
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_statements_add_up_and_chain_over_random_histories(ops: list) -> None:
+    org = OrganizationFactory()
+    project = ProjectFactory(org=org)
+    start = ledger_now() - timedelta(days=101)
+    history = [(0, "issue", 500, None), *sorted(ops, key=lambda o: o[0])]  # funds from the start
+    for step, (day, op, n, lifetime) in enumerate(history):
+        with shifted(timedelta(days=day - 101, seconds=step)):
+            try:
+                with transaction.atomic():
+                    _apply(org, project, op, n, lifetime, step)
+            except DomainError:
+                pass  # refused (no funds, nothing to void...): writes nothing
+    months = _months(start.strftime("%Y-%m"), ledger_now().strftime("%Y-%m"))
+    statements = [org_statement(org=org, month=month) for month in months]
+    assert statements[0].opening.total == 0
+    for before, after in itertools.pairwise(statements):
+        assert before.closing == after.opening
+    for s in statements:
+        assert s.closing.total == s.opening.total + s.issued - s.consumed - s.expired - s.voided
+        assert sum(line.amount for line in s.consumption) == s.consumed
+        assert sum(issue.amount for issue in s.issues) == s.issued
+    buckets = Bucket.objects.filter(org=org)
+    assert statements[-1].closing.available == sum(b.available for b in buckets)
+    assert statements[-1].closing.held == sum(b.held for b in buckets)
