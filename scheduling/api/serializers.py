@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from config.api.serializers import (
+    AwareDateTimeField,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
@@ -140,10 +141,28 @@ class JobDetailSerializer(JobSerializer):
 
 
 class JobListQuerySerializer(StrictSerializer):
+    """Filters of the job list, as Slurm's `sacct` offers them (all optional, combined with AND)."""
+
     project = serializers.IntegerField(required=False, min_value=1, max_value=2**53)
-    state = serializers.ChoiceField(required=False, choices=Job._meta.get_field("state").choices)
+    state = serializers.MultipleChoiceField(
+        required=False, choices=Job._meta.get_field("state").choices,
+        help_text="One state or several, comma-separated (e.g. queued,running).",
+    )
+    user = serializers.IntegerField(required=False, min_value=1, max_value=2**53,
+                                    help_text="Jobs of this user (org owners and admins see every member's).")
+    name = serializers.CharField(required=False, min_length=1, max_length=128,
+                                 help_text="Jobs whose name starts with this.")
+    wait_reason = serializers.CharField(required=False, min_length=1, max_length=64,
+                                        help_text="Queued jobs waiting for this reason (quota, ...).")
+    submitted_since = AwareDateTimeField(required=False, help_text="Submitted at or after (with its offset).")
+    submitted_until = AwareDateTimeField(required=False, help_text="Submitted before (with its offset).")
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("state"), str):
+            data = {**data, "state": [s for s in data["state"].split(",") if s]}
+        return super().to_internal_value(data)
 
 
 _DATETIME = serializers.DateTimeField(read_only=True)

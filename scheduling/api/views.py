@@ -92,10 +92,21 @@ class JobListCreateView(GenericAPIView):
         query = JobListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         jobs = visible_jobs(request.user).order_by("-submitted_at", "-id")
-        if project := query.validated_data.get("project"):
+        wanted = query.validated_data
+        if project := wanted.get("project"):
             jobs = jobs.filter(project_id=project)
-        if state := query.validated_data.get("state"):
-            jobs = jobs.filter(state=state)
+        if states := wanted.get("state"):
+            jobs = jobs.filter(state__in=sorted(states))
+        if user := wanted.get("user"):
+            jobs = jobs.filter(user_id=user)
+        if name := wanted.get("name"):
+            jobs = jobs.filter(name__startswith=name)
+        if reason := wanted.get("wait_reason"):
+            jobs = jobs.filter(wait_reason=reason)
+        if since := wanted.get("submitted_since"):
+            jobs = jobs.filter(submitted_at__gte=since)
+        if until := wanted.get("submitted_until"):
+            jobs = jobs.filter(submitted_at__lt=until)
         page = self.paginate_queryset(jobs)
         attach_release_split(job.current_hold for job in page)  # one query for the page, not per job
         return self.get_paginated_response(JobSerializer(page, many=True).data)

@@ -1,0 +1,56 @@
+"""GET /api/v1/jobs filters, as Slurm's sacct offers them: several states, a user, a name prefix, a
+wait reason and a submission window; anything malformed is a 400 that says which filter."""
+
+from collections.abc import Callable
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from scheduling.models import Job, JobState
+from tests.api.conftest import client_for
+from tests.api.factories import Tenant, add_member
+from tests.api.test_job_dependencies import submit
+
+pytestmark = pytest.mark.django_db
+
+
+def names(client: APIClient, **query: str) -> list[str]:
+    response = client.get(f"/api/v1/jobs?{urlencode(query)}")
+    assert response.status_code == 200, response.content
+    return sorted(job["name"] for job in response.json()["results"])
+
+
+def test_filters_combine(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    colleague = add_member(tenant.project)
+    sweep = [submit(api, job_body, name=f"sweep-lr{i}") for i in range(3)]
+    submit(client_for(colleague), job_body, name="eval")
+    Job.objects.filter(pk=sweep[0]["id"]).update(state=JobState.RUNNING, wait_reason="")
+    Job.objects.filter(pk=sweep[1]["id"]).update(wait_reason="quota",
+                                                 submitted_at=timezone.now() - timedelta(days=2))
+    admin = client_for(tenant.admin)  # an org admin sees every member's jobs
+
+    assert names(admin, state="queued,running") == ["eval", "sweep-lr0", "sweep-lr1", "sweep-lr2"]
+    assert names(admin, state="running") == ["sweep-lr0"]
+    assert names(admin, user=str(colleague.pk)) == ["eval"]
+    assert names(admin, name="sweep-", state="queued") == ["sweep-lr1", "sweep-lr2"]
+    assert names(admin, wait_reason="quota") == ["sweep-lr1"]
+    yesterday = (timezone.now() - timedelta(days=1)).isoformat()
+    assert names(admin, submitted_until=yesterday) == ["sweep-lr1"]
+    assert names(admin, submitted_since=yesterday, name="sweep") == ["sweep-lr0", "sweep-lr2"]
+    assert names(api, user=str(colleague.pk)) == ["eval"]  # a project member sees the project's jobs
+    assert names(admin, submitted_since=yesterday, submitted_until=yesterday) == []  # an empty window
+
+
+@pytest.mark.parametrize("query, field", [
+    ("state=queued,nope", "state"),
+    ("submitted_since=2026-11-01T00:00:00", "submitted_since"),  # no offset: which midnight?
+    ("user=0", "user"),
+    ("name=", "name"),
+    ("owner=3", "owner"),
+])
+def test_bad_filters_are_400(query: str, field: str, api: APIClient, tenant: Tenant) -> None:
+    response = api.get(f"/api/v1/jobs?{query}")
+    assert response.status_code == 400 and field in response.json()["errors"], response.content
