@@ -57,6 +57,12 @@ class SoftAlert:
 def _applicable(org_id: int, project_id: int | None, user_id: int | None) -> list[Budget]:
     """Budgets of the org, the project and the member in it (plain SQL: this runs on every
     submission, where compiling the ORM query cost more than running it)."""
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded mode) returns raw datetimes naive: its rows need the ORM's converters
+        # (QA: any window budget made every submission a 500 in `make run`).
+        scope = Q(level=BudgetLevel.ORG) | Q(level=BudgetLevel.PROJECT, project_id=project_id) | Q(
+            level=BudgetLevel.MEMBER, project_id=project_id, user_id=user_id)
+        return list(Budget.objects.filter(scope, org_id=org_id).order_by("id"))
     fields = [f.attname for f in Budget._meta.concrete_fields]
     cols = ", ".join(f'"{f.column}"' for f in Budget._meta.concrete_fields)
     sql = (
@@ -357,8 +363,10 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
 
     `spent` = the scope's captures since the period began; `held` = what its active holds still
     hold, each counted by a charge, so their later captures and releases move the period like any
-    other hold's. A period that already exists keeps its counts. Activity committed while this
-    transaction runs is not seen (the budget is not visible to it either)."""
+    other hold's. A period row left from an earlier definition with the same start (window ->
+    month -> the same window again) is counted afresh too: its old counts missed what happened
+    under the other definition (QA). Activity committed while this transaction runs is not seen
+    (the budget is not visible to it either)."""
     bounds = period_bounds(period=budget.period, window_start=budget.window_start,
                            window_end=budget.window_end, now=now)
     if bounds is None:
@@ -368,7 +376,9 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
         budget=budget, starts_at=starts, defaults={"ends_at": ends, "org_id": budget.org_id}
     )
     if not fresh:
-        return period
+        (period,) = _lock_periods_by_id([period.pk])  # submissions count into it under this lock
+        BudgetCharge.objects.filter(period=period).delete()
+        BudgetPeriod.objects.filter(pk=period.pk).update(ends_at=ends)
     scope = Q(org_id=budget.org_id)
     if budget.project_id is not None:
         scope &= Q(project_id=budget.project_id)

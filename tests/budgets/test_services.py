@@ -101,3 +101,51 @@ def test_a_budget_set_mid_period_starts_from_what_its_scope_already_did() -> Non
     set_budget(org=tenant.org, period="month", limit=2000, enforcement="hard")
     period.refresh_from_db()
     assert (period.held, period.spent) == (0, 550)
+
+
+def test_going_back_to_an_earlier_window_counts_it_afresh() -> None:
+    """QA: window -> month -> the same window again reused the window's old row, which had missed
+    what was captured meanwhile under the month budget."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.services import capture
+
+    tenant = make_tenant(funds=10_000)
+    window = {"period": "window", "window_start": timezone.now() - timedelta(days=1),
+              "window_end": timezone.now() + timedelta(days=1)}
+    budget, _ = set_budget(org=tenant.org, limit=5000, enforcement="hard", **window)
+    set_budget(org=tenant.org, period="month", limit=5000, enforcement="hard")
+    hold = place_hold(org=tenant.org, amount=300, key="meanwhile", project=tenant.project, user=tenant.user)
+    reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=300)
+    capture(hold=hold, amount=120, key="c")
+    record_capture(hold=hold, amount=120)
+    set_budget(org=tenant.org, limit=5000, enforcement="hard", **window)
+    period = BudgetPeriod.objects.get(budget=budget, starts_at=window["window_start"])
+    assert (period.held, period.spent) == (180, 120)
+    assert list(BudgetCharge.objects.filter(period=period).values_list("hold_id", "held")) == [(hold.pk, 180)]
+
+
+def test_the_embedded_path_reads_the_same_budgets_with_aware_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QA: on SQLite the raw rows' window times came back naive and every submission under a window
+    budget was a 500. The ORM path (other databases) must find the same budgets, times aware."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from budgets import services
+    from budgets.services import _applicable
+
+    tenant = make_tenant(funds=1000)
+    start = timezone.now() - timedelta(days=1)
+    set_budget(org=tenant.org, period="window", window_start=start, window_end=start + timedelta(days=30),
+               limit=500, enforcement="hard")
+    set_budget(org=tenant.org, project=tenant.project, user=tenant.user, period="month", limit=300,
+               enforcement="hard")
+    prepared = _applicable(tenant.org.pk, tenant.project.pk, tenant.user.pk)
+    monkeypatch.setattr(services, "connection", SimpleNamespace(vendor="sqlite"))  # the branch taken
+    portable = _applicable(tenant.org.pk, tenant.project.pk, tenant.user.pk)
+    assert [b.pk for b in portable] == [b.pk for b in prepared] and len(portable) == 2
+    assert portable[0].window_start == start and portable[0].window_start.tzinfo is not None
