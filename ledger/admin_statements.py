@@ -14,31 +14,28 @@ from accounts.models import Organization
 from ledger.api.csv_renderer import StatementCsvRenderer
 from ledger.api.serializers import StatementSerializer
 from ledger.clock import ledger_now
-from ledger.models import MICRO
+from ledger.money import format_credits
 from ledger.statements import org_statement
 
 
 class StatementForm(forms.Form):
     org = forms.ModelChoiceField(queryset=Organization.objects.order_by("slug"), label="Organization")
-    month = forms.RegexField(regex=r"^\d{4}-\d{2}$", help_text="YYYY-MM (UTC)",
+    month = forms.RegexField(regex=r"^[0-9]{4}-[0-9]{2}\Z", required=False,
+                             help_text="YYYY-MM (UTC); empty: the month in progress",
                              error_messages={"invalid": "A month looks like 2026-11."})
-
-
-def credits(micro: int) -> str:
-    return f"{micro / MICRO:,.2f}"
 
 
 def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpResponse:
     if not request.user.has_perm("ledger.view_ledgertransaction"):
         raise PermissionDenied
     data = request.GET if "org" in request.GET else None
-    form = StatementForm(data, initial={"month": ledger_now().strftime("%Y-%m")})
+    this_month = ledger_now().strftime("%Y-%m")
+    form = StatementForm(data, initial={"month": this_month})
     statement = None
     if form.is_valid():
         try:
-            statement = StatementSerializer(
-                org_statement(org=form.cleaned_data["org"], month=form.cleaned_data["month"])
-            ).data
+            month = form.cleaned_data["month"] or this_month
+            statement = StatementSerializer(org_statement(org=form.cleaned_data["org"], month=month)).data
         except ValueError as error:
             form.add_error("month", str(error))
     if statement is not None and request.GET.get("format") == "csv":
@@ -50,11 +47,11 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
         rows = [("Opening balance", statement["opening"]["total"]), ("Issued", statement["issued"]),
                 ("Consumed", -statement["consumed"]), ("Expired", -statement["expired"]),
                 ("Voided", -statement["voided"]), ("Closing balance", statement["closing"]["total"])]
-        rows = [(label, credits(amount)) for label, amount in rows]
+        rows = [(label, format_credits(amount)) for label, amount in rows]
         for line in statement["consumption"]:
-            line["credits"] = credits(line["amount"])
+            line["credits"] = format_credits(line["amount"])
         for issue in statement["issues"]:
-            issue["credits"] = credits(issue["amount"])
+            issue["credits"] = format_credits(issue["amount"])
     context = {**admin_context, "title": "Statement", "form": form, "statement": statement, "rows": rows,
                "query": request.GET.urlencode()}
     return TemplateResponse(request, "admin/ledger/bucket/statement.html", context)

@@ -10,6 +10,7 @@ run, so GPU-hours = amount / rate). Captures on holds of no attempt have no GPU 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -68,13 +69,18 @@ class Statement:
     issues: list[Issue] = field(default_factory=list)
 
 
+MONTH = re.compile(r"[0-9]{4}-[0-9]{2}")  # ASCII digits only (str.isdigit also takes full-width ones)
+
+
 def month_bounds(month: str) -> tuple[datetime, datetime]:
     """`YYYY-MM` -> [first instant, first instant of the next month), UTC. ValueError if malformed."""
-    year, _, number = month.partition("-")
-    if len(year) != 4 or len(number) != 2 or not (year + number).isdigit():
-        raise ValueError("month must look like 2026-11")
-    start = datetime(int(year), int(number), 1, tzinfo=UTC)  # ValueError for month 13
-    end = datetime(start.year + (start.month == 12), start.month % 12 + 1, 1, tzinfo=UTC)
+    if not MONTH.fullmatch(month):
+        raise ValueError("A month looks like 2026-11.")
+    year, number = int(month[:4]), int(month[5:])
+    if not (1 <= number <= 12 and 2000 <= year <= 9998):
+        raise ValueError(f"{month} is not a month this ledger can have.")
+    start = datetime(year, number, 1, tzinfo=UTC)
+    end = datetime(year + (number == 12), number % 12 + 1, 1, tzinfo=UTC)
     return start, end
 
 
@@ -118,7 +124,7 @@ def org_statement(*, org: Organization, month: str) -> Statement:
     starts, ends = month_bounds(month)
     now = ledger_now()
     if starts > now:
-        raise ValueError("that month has not begun")
+        raise ValueError(f"{month} has not begun.")
     ends = min(ends, now + timedelta(microseconds=1))  # the month in progress: up to now, inclusive
     in_month = Q(created_at__gte=starts, created_at__lt=ends)
     statement = Statement(org_id=org.pk, month=month, starts_at=starts, ends_at=ends,

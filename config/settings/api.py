@@ -15,6 +15,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["config.api.fastjson.FastJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["config.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "config.api.exceptions.problem_exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.api.negotiation.FormatIsAParameter",
     # No OPTIONS metadata (it would describe objects outside the caller's tenancy).
     "DEFAULT_METADATA_CLASS": None,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

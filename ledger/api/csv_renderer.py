@@ -8,6 +8,15 @@ from typing import Any
 
 from rest_framework.renderers import BaseRenderer
 
+# A cell a spreadsheet would read as a formula (OWASP's "CSV injection"): finance's references and
+# project slugs are free text, so they are written with a leading quote.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def cell(text: str) -> str:
+    return f"'{text}" if text.startswith(FORMULA_START) else text
+
+
 HEADER = ("section", "project", "gpu_type", "reference", "amount_micro_credits", "gpu_hours", "at")
 
 
@@ -30,10 +39,10 @@ class StatementCsvRenderer(BaseRenderer):
         writer.writerow(HEADER)
         writer.writerow(("opening balance", "", "", "", data["opening"]["total"], "", data["starts_at"]))
         for issue in data["issues"]:
-            writer.writerow(("issued", "", "", issue["reference"], issue["amount"], "", issue["at"]))
+            writer.writerow(("issued", "", "", cell(issue["reference"]), issue["amount"], "", issue["at"]))
         for line in data["consumption"]:
-            writer.writerow(("consumed", line["project_slug"], line["gpu_type"], "", line["amount"],
-                             line["gpu_hours"], ""))
+            writer.writerow(("consumed", cell(line["project_slug"]), cell(line["gpu_type"]), "",
+                             line["amount"], line["gpu_hours"], ""))
         for name in ("issued", "consumed", "expired", "voided"):
             writer.writerow((f"total {name}", "", "", "", data[name], "", ""))
         writer.writerow(("closing balance", "", "", "", data["closing"]["total"], "", data["ends_at"]))

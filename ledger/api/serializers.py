@@ -156,7 +156,7 @@ class BucketSerializer(BucketBalanceSerializer):
 
 
 class StatementQuerySerializer(StrictSerializer):
-    month = serializers.RegexField(r"^\d{4}-\d{2}$", required=False,
+    month = serializers.RegexField(r"^[0-9]{4}-[0-9]{2}\Z", required=False,
                                    help_text="YYYY-MM (UTC); default: the month in progress.")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False,
                                      help_text="csv: the statement as a spreadsheet (or Accept: text/csv).")

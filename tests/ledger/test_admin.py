@@ -163,6 +163,8 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     assert csv_file["Content-Type"].startswith("text/csv")
     assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content
     assert b"A month looks like" in finance_client.get(url, {"org": org.pk, "month": "11/2026"}).content
+    # QA: an org without a month asked for one; it is the month in progress, as in the API.
+    assert finance_client.get(url, {"org": org.pk}).context["statement"]["month"] == month
     staff = Client()
     staff.force_login(UserFactory(is_staff=True))
     assert staff.get(url).status_code == 403  # staff without finance's journal permission
