@@ -1,6 +1,7 @@
 """Shapes of balances, journal entries and credit issuance."""
 
 from datetime import datetime
+from typing import Any
 
 from rest_framework import serializers
 
@@ -153,6 +154,12 @@ class BucketSerializer(BucketBalanceSerializer):
     project = serializers.IntegerField(source="project_id", allow_null=True)
     reason = serializers.CharField()
     created_at = serializers.DateTimeField()
+    already_issued = serializers.SerializerMethodField(
+        help_text="True (with status 200) when this reference was issued before with the same terms: "
+        "the existing bucket, nothing new issued.")
+
+    def get_already_issued(self, bucket: Any) -> bool:
+        return bool(getattr(bucket, "replayed", False))
 
 
 class StatementQuerySerializer(StrictSerializer):

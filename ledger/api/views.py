@@ -132,8 +132,10 @@ class OrgCreditsView(GenericAPIView):
     rate_limit_scope = "finance"
 
     @extend_schema(operation_id="orgs_credits_issue", request=CreditIssueSerializer,
-                   responses={201: BucketSerializer},
-                   description="Finance only: issue a purchase, grant or promotion as a new bucket.")
+                   responses={201: BucketSerializer, 200: BucketSerializer},
+                   description="Finance only: issue a purchase, grant or promotion as a new bucket. "
+                   "Issuing is idempotent by reference: the same reference and terms again answer 200 "
+                   "with the existing bucket and `already_issued: true`.")
     def post(self, request: Request, org_id: int) -> Response:
         key_of(request)
         org = get_visible_org(request.user, org_id)
@@ -147,6 +149,7 @@ class OrgCreditsView(GenericAPIView):
 
         def effect() -> tuple[int, Any]:
             bucket = issue_credits(org=org, project=project, actor=request.user, **data)
-            return 201, BucketSerializer(bucket).data
+            # The reference was issued before with the same terms: nothing new (QA: said 201).
+            return (200 if getattr(bucket, "replayed", False) else 201), BucketSerializer(bucket).data
 
         return run_idempotent(request, effect)

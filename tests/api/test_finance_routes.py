@@ -227,3 +227,14 @@ def test_concurrent_budget_puts_on_a_new_scope_leave_one_budget(tenant: Tenant) 
     assert statuses.count(201) >= 1 and set(statuses) <= {200, 201}, results
     budget = Budget.objects.get(org=tenant.org, project=None, user=None)
     assert budget.limit in range(1, 9)
+
+
+def test_issuing_a_reference_again_says_nothing_new_was_issued(finance: APIClient, tenant: Tenant) -> None:
+    """QA: the same reference and terms with a fresh Idempotency-Key answered 201 as if new."""
+    body = {"amount": 7, "kind": "paid", "source": "purchase", "reference": "inv-9", "reason": "r"}
+    first = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)
+    again = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)  # another key
+    assert (first.status_code, first.json()["already_issued"]) == (201, False)
+    assert (again.status_code, again.json()["already_issued"]) == (200, True)
+    assert again.json()["id"] == first.json()["id"]
+    assert Bucket.objects.filter(org=tenant.org, reference="inv-9").count() == 1
