@@ -16,6 +16,7 @@ from django.utils import timezone
 from config.errors import DomainError
 from ledger.admin_forms import IssueCreditsForm, VoidForm
 from ledger.admin_statements import statement_view
+from ledger.errors import InvalidExpiry
 from ledger.models import Account, Bucket, Hold, HoldLine, LedgerTransaction, Posting, TransactionKind
 from ledger.selectors import released_to_expiry_sql
 from ledger.services import issue_credits, void_credits
@@ -160,7 +161,7 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     project=data["project"], gpu_types=data["gpu_types"], actor=request.user,
                 )
             except DomainError as error:
-                form.add_error(None, error.detail)
+                form.add_error("expires_at" if isinstance(error, InvalidExpiry) else None, error.detail)
             else:
                 if bucket.replayed:
                     self.message_user(

@@ -219,6 +219,21 @@ def test_reissuing_the_same_reference_says_nothing_new_was_issued(finance_client
     assert LedgerTransaction.objects.filter(org=org).count() == 1
 
 
+def test_the_same_grant_sent_again_after_its_expiry_says_it_was_issued(finance_client) -> None:
+    """QA: the form refused it ("The expiry is in the past.") before the service saw the reference."""
+    org = OrganizationFactory()
+    url = reverse("admin:ledger_bucket_issue")
+    soon = (timezone.now() + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
+    finance_client.post(url, _issue_form(org, expires_at=soon), follow=True)
+    bucket = Bucket.objects.get(org=org)
+    with shifted(timedelta(hours=2)):  # its expiry has passed
+        again = finance_client.post(url, _issue_form(org, expires_at=soon), follow=True)
+        assert _messages(again)[0].startswith(f"Reference 'grant-7' was already issued as bucket {bucket.pk}")
+        late = finance_client.post(url, _issue_form(org, reference="other", expires_at=soon))
+    assert late.context["form"].errors["expires_at"] == ["The expiry is in the past."]
+    assert Bucket.objects.filter(org=org).count() == 1
+
+
 def test_issue_form_shows_a_form_wide_error_once(finance_client) -> None:
     org = OrganizationFactory()
     url = reverse("admin:ledger_bucket_issue")
