@@ -107,7 +107,8 @@ def _void_message(bucket_id: int, txn: Any) -> str:
     if not bucket.held:
         return f"{voided}."
     if bucket.expires_at is not None and bucket.expires_at <= timezone.now():
-        return f"{voided}; closed: the {bucket.held} micro-credits still held will expire when released."
+        return (f"{voided}; closed: the {bucket.held} micro-credits still held by jobs (running or queued) "
+                "may still be spent by them; what they give back will expire.")
     return f"{voided}; the {bucket.held} micro-credits still held become available again when released."
 
 

@@ -111,7 +111,7 @@ def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
     assert (bucket.available, bucket.voided) == (0, 7 * MICRO) and bucket.expires_at <= timezone.now()
     assert [str(m) for m in done.context["messages"]] == [
         f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk}; closed: the {3 * MICRO} micro-credits "
-        "still held will expire when released."
+        "still held by jobs (running or queued) may still be spent by them; what they give back will expire."
     ]
 
 
