@@ -38,6 +38,10 @@ class Bucket(models.Model):
     gpu_types = models.JSONField(default=list, blank=True)
     effective_at = models.DateTimeField()
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Finance closed it (`void_credits(close=True)`): `expires_at` moved to that instant, and the
+    # expiry it had before is kept, so a balance as of an earlier time shows the bucket as it was.
+    closed_at = models.DateTimeField(null=True, blank=True)
+    expires_at_before_close = models.DateTimeField(null=True, blank=True)
     granted = models.BigIntegerField()
     available = models.BigIntegerField()
     held = models.BigIntegerField(default=0)

@@ -19,10 +19,22 @@ from ledger.services._journal import spend_order_key
 EXPIRY_HORIZONS = {"7d": timedelta(days=7), "30d": timedelta(days=30)}
 
 
+def _closed_by(bucket: Bucket, at: datetime) -> bool:
+    return bucket.closed_at is not None and bucket.closed_at <= at
+
+
+def expires_at_as_of(bucket: Bucket, at: datetime) -> datetime | None:
+    """The bucket's expiry as it stood at `at`: before finance closed it, the one it had then."""
+    if bucket.closed_at is not None and not _closed_by(bucket, at):
+        return bucket.expires_at_before_close
+    return bucket.expires_at
+
+
 def _status(bucket: Bucket, at: datetime) -> str:
     if bucket.effective_at > at:
         return "not_yet_effective"
-    if bucket.expires_at is not None and bucket.expires_at <= at:
+    expires_at = expires_at_as_of(bucket, at)
+    if expires_at is not None and expires_at <= at:
         return "expired"
     return "active"
 
@@ -57,14 +69,14 @@ def balance_breakdown(
     rows = []
     for bucket in buckets:
         cols = columns[bucket.pk]
-        status = _status(bucket, at)
+        status, expires_at = _status(bucket, at), expires_at_as_of(bucket, at)
         spendable = cols["available"] if status == "active" else 0
         for target in (totals, by_kind[bucket.kind]):
             for name in COLUMNS:
                 target[name] += cols[name]
             target["spendable"] += spendable
         for label, horizon in EXPIRY_HORIZONS.items():
-            if status == "active" and bucket.expires_at is not None and bucket.expires_at <= at + horizon:
+            if status == "active" and expires_at is not None and expires_at <= at + horizon:
                 expiring[label] += cols["available"] + cols["held"]
         rows.append(
             {
@@ -74,7 +86,8 @@ def balance_breakdown(
                 "project": bucket.project_id,
                 "gpu_types": list(bucket.gpu_types),
                 "effective_at": bucket.effective_at,
-                "expires_at": bucket.expires_at,
+                "expires_at": expires_at,
+                "closed_at": bucket.closed_at if _closed_by(bucket, at) else None,
                 "reference": bucket.reference,
                 "status": status,
                 "spendable": spendable,

@@ -42,6 +42,8 @@ class BucketBalanceSerializer(serializers.Serializer):
     gpu_types = serializers.ListField(child=serializers.CharField())
     effective_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField(allow_null=True)
+    closed_at = serializers.DateTimeField(allow_null=True, help_text="When finance closed it (its expiry "
+                                          "moved to then); null before, or if never closed.")
     reference = serializers.CharField()
     status = serializers.ChoiceField(choices=["active", "expired", "not_yet_effective"])
     spendable = serializers.IntegerField()

@@ -206,7 +206,8 @@ def void_credits(
 
 def _close(bucket: Bucket, *, now: datetime, reason: str, actor: Any) -> None:
     """End the (locked) bucket's validity now; audited with what was still held on it."""
-    Bucket.objects.filter(pk=bucket.pk).update(expires_at=now)
+    Bucket.objects.filter(pk=bucket.pk).update(expires_at=now, closed_at=now,
+                                                expires_at_before_close=bucket.expires_at)
     actor_type, actor_id = actor_fields(actor)
     record(action="ledger.bucket_closed", subject_type="ledger.bucket", subject_id=bucket.pk,
            org_id=bucket.org_id, actor_type=actor_type, actor_id=actor_id, reason_code="closed",

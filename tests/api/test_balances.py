@@ -128,3 +128,24 @@ def test_project_usage_from_the_journal_equals_the_holds_columns(tenant: Tenant)
         now = admin.get(url).json()
         rebuilt = admin.get(url, {"as_of": now["as_of"]}).json()
     assert now["project_usage"] == rebuilt["project_usage"] == {"held": 100 * MICRO - 1, "spent": 1}
+
+
+def test_a_past_balance_shows_a_closed_bucket_as_it_was_then(tenant: Tenant) -> None:
+    """QA: closing moves the bucket's expiry to the close; a balance as of an earlier time showed
+    that expiry already (and counted the bucket as expiring within 7 days)."""
+    from ledger.services import void_credits
+    from tests.factories import fund
+
+    with shifted(-timedelta(hours=2)):
+        bucket = fund(tenant.org, 5 * MICRO, reference="to-close")
+    before = (ledger_now() - timedelta(hours=1)).isoformat()
+    void_credits(bucket=bucket, reason="chargeback", key="close", close=True)
+    admin = client_for(tenant.admin)
+    then = admin.get(f"/api/v1/orgs/{tenant.org.pk}/balance", {"as_of": before}).json()
+    row = next(b for b in then["buckets"] if b["id"] == bucket.pk)
+    assert (row["expires_at"], row["closed_at"], row["status"]) == (None, None, "active")
+    assert then["expiring"]["7d"] == 0
+    now = admin.get(f"/api/v1/orgs/{tenant.org.pk}/balance").json()
+    row = next(b for b in now["buckets"] if b["id"] == bucket.pk)
+    assert row["closed_at"] is not None and row["expires_at"] == row["closed_at"]
+    assert row["status"] == "expired"
