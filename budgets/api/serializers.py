@@ -6,7 +6,7 @@ from rest_framework import serializers
 from budgets.models import Budget, BudgetPeriodKind, Enforcement
 from config.api.serializers import (
     MAX_AMOUNT,
-    StrictDateTimeField,
+    AwareDateTimeField,
     StrictIntegerField,
     StrictSerializer,
 )
@@ -18,8 +18,8 @@ class BudgetInputSerializer(StrictSerializer):
     limit = StrictIntegerField(min_value=0, max_value=MAX_AMOUNT, help_text="Micro-credits per period.")
     enforcement = serializers.ChoiceField(choices=Enforcement.choices,
                                           help_text="hard rejects (402); soft accepts and alerts.")
-    window_start = StrictDateTimeField(required=False)
-    window_end = StrictDateTimeField(required=False)
+    window_start = AwareDateTimeField(required=False)
+    window_end = AwareDateTimeField(required=False)
 
     def validate(self, attrs: dict) -> dict:
         start, end = attrs.get("window_start"), attrs.get("window_end")
