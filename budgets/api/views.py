@@ -6,6 +6,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import NotFound
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -91,7 +92,9 @@ class MemberBudgetView(_BudgetView):
     def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
         project = get_visible_project(request.user, kwargs["project_id"])
         if not Membership.objects.filter(project=project, user_id=kwargs["user_id"]).exists():
-            raise Http404("No such member in this project.")
+            raise NotFound(f"User {kwargs['user_id']} is not a member of project {project.pk}; a member "
+                           "budget is for one of its members (an org owner who submits jobs without "
+                           "being a member is bounded by the project and org budgets).")
         return project.org, project, get_user_model().objects.get(pk=kwargs["user_id"])
 
     @extend_schema(operation_id="projects_member_budget_retrieve", **_GET)

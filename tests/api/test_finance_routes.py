@@ -152,8 +152,11 @@ def test_budgets_put_get_and_member_level(api: APIClient, job_body: Any, tenant:
 def test_member_budget_needs_a_member(tenant: Tenant) -> None:
     stranger = UserFactory()
     url = f"/api/v1/projects/{tenant.project.pk}/members/{stranger.pk}/budget"
-    assert send(client_for(tenant.admin), "put", url,
-                {"period": "month", "limit": 1, "enforcement": "hard"}).status_code == 404
+    body = {"period": "month", "limit": 1, "enforcement": "hard"}
+    response = send(client_for(tenant.admin), "put", url, body)
+    assert response.status_code == 404
+    # QA: a bare "Not found." left the org owner guessing what was missing.
+    assert response.json()["detail"].startswith(f"User {stranger.pk} is not a member of project")
 
 
 def test_job_list_detail_filters_and_cancel(api: APIClient, job_body: Any, tenant: Tenant) -> None:
