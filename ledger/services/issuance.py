@@ -44,13 +44,15 @@ from ledger.services._journal import (
 
 
 def _issue_params(bucket: Bucket) -> dict[str, Any]:
+    """The terms it was issued with (a closed bucket's expiry was moved by the closing, not issued)."""
+    expires_at = bucket.expires_at_before_close if bucket.closed_at is not None else bucket.expires_at
     return {
         "amount": bucket.granted,
         "kind": bucket.kind,
         "source": bucket.source,
         "project": bucket.project_id,
         "gpu_types": list(bucket.gpu_types),
-        "expires_at": bucket.expires_at.astimezone(UTC).isoformat() if bucket.expires_at else None,
+        "expires_at": expires_at.astimezone(UTC).isoformat() if expires_at else None,
     }
 
 
@@ -182,6 +184,8 @@ def void_credits(
     to_void = locked.available if amount is None else amount
     closing = close and locked.effective_at < now and (locked.expires_at is None or locked.expires_at > now)
     if to_void == 0 and not closing:
+        if close and locked.closed_at is not None:
+            return None  # closed already (a retry of a closing that had nothing to void): done
         raise InvalidAmount("Nothing is available to void in this bucket.")
     if to_void > locked.available:
         raise InsufficientCredits(needed=to_void, available=locked.available)

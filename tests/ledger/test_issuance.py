@@ -149,9 +149,20 @@ def test_a_closed_bucket_pays_for_nothing_new_and_what_comes_back_expires(org, s
     assert void_credits(bucket=other, reason="fraud", key="v2", close=True) is None
     other.refresh_from_db()
     assert other.expires_at <= timezone.now() and other.voided == 0
-    with pytest.raises(InvalidAmount):  # already closed, nothing available: nothing to do
-        void_credits(bucket=other, reason="fraud", key="v3", close=True)
+    assert void_credits(bucket=other, reason="fraud", key="v2", close=True) is None  # a retry: done
+    with pytest.raises(InvalidAmount):  # closed and nothing available: a plain void has nothing to do
+        void_credits(bucket=other, reason="fraud", key="v3")
+    assert AuditEvent.objects.filter(action="ledger.bucket_closed", subject_id=str(other.pk)).count() == 1
     assert_journal_consistent()
+
+
+def test_replaying_the_issue_of_a_closed_bucket_is_still_a_replay(org) -> None:
+    """Review: closing moved the bucket's expiry, and the same issue sent again was a 409 conflict."""
+    bucket = fund(org, 100, effective_at=timezone.now() - timedelta(days=1), reference="inv-1")
+    void_credits(bucket=bucket, reason="chargeback", key="v", close=True)
+    again = issue_credits(org=org, amount=100, kind=bucket.kind, source=bucket.source, reference="inv-1",
+                          reason="again")
+    assert again.pk == bucket.pk and again.replayed is True
 
 
 def test_without_close_what_comes_back_is_available_again(org) -> None:
