@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from django.db import connection, transaction
 from django.db.models import Q, Sum
 
 from accounts.models import Organization
@@ -120,7 +121,22 @@ def _consumption(org_id: int, in_month: Q) -> list[ConsumptionLine]:
 
 def org_statement(*, org: Organization, month: str) -> Statement:
     """The statement of `org` for `month` (`YYYY-MM`); the month in progress ends now.
-    ValueError for a malformed month or one that has not begun."""
+    ValueError for a malformed month or one that has not begun.
+
+    Its figures come from several queries, read in one snapshot (REPEATABLE READ on PostgreSQL),
+    so a capture committing meanwhile is in all of them or in none, and it adds up. A transaction
+    is dated by its start: one that began in the last instants of a month and commits after it
+    ended still lands in that month, so a month's statement can change for a few seconds after."""
+    if connection.in_atomic_block:  # the caller's transaction is the snapshot (tests, a bigger read)
+        return _statement(org=org, month=month)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return _statement(org=org, month=month)
+
+
+def _statement(*, org: Organization, month: str) -> Statement:
     starts, ends = month_bounds(month)
     now = ledger_now()
     if starts > now:

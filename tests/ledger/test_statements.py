@@ -89,3 +89,44 @@ def test_statements_add_up_and_chain_over_random_histories(ops: list) -> None:
     buckets = Bucket.objects.filter(org=org)
     assert statements[-1].closing.available == sum(b.available for b in buckets)
     assert statements[-1].closing.held == sum(b.held for b in buckets)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_capture_committing_while_a_statement_is_read_is_in_all_its_figures_or_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: the figures came from separate queries; a capture committing between the closing
+    balance and the month's sums made `consumed` count what `closing` did not."""
+    import threading
+
+    from django.db import connection
+
+    from ledger import statements
+
+    org = OrganizationFactory()
+    with shifted(-timedelta(seconds=5)):  # dated before the statement's "now"
+        fund(org, 10_000)
+        hold = place_hold(org=org, amount=5_000, key="running")
+    balance = statements._balance
+    calls = []
+
+    def balance_then_a_capture_commits(org_id: int, before: object) -> object:
+        result = balance(org_id, before)
+        calls.append(before)
+        if len(calls) == 2:  # the closing balance is read: another connection captures now
+            def other() -> None:
+                try:
+                    with shifted(-timedelta(seconds=2)):  # its transaction began before "now"
+                        capture(hold=hold, amount=1_000, key="meanwhile")
+                finally:
+                    connection.close()
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+        return result
+
+    monkeypatch.setattr(statements, "_balance", balance_then_a_capture_commits)
+    s = org_statement(org=org, month=ledger_now().strftime("%Y-%m"))
+    assert len(calls) == 2
+    assert s.closing.total == s.opening.total + s.issued - s.consumed - s.expired - s.voided
+    assert sum(line.amount for line in s.consumption) == s.consumed
