@@ -365,13 +365,25 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
     hold, each counted by a charge, so their later captures and releases move the period like any
     other hold's. A period row left from an earlier definition with the same start (window ->
     month -> the same window again) is counted afresh too: its old counts missed what happened
-    under the other definition (QA). Activity committed while this transaction runs is not seen
-    (the budget is not visible to it either)."""
+    under the other definition (QA). A submission in flight at the very moment the budget is set
+    (it read the budgets before this commits) is not counted: the budget was not there for it."""
     bounds = period_bounds(period=budget.period, window_start=budget.window_start,
                            window_end=budget.window_end, now=now)
     if bounds is None:
         return None
     starts, ends = bounds
+    scope = Q(org_id=budget.org_id)
+    if budget.project_id is not None:
+        scope &= Q(project_id=budget.project_id)
+    if budget.user_id is not None:
+        scope &= Q(user_id=budget.user_id)
+    # Lock the scope's active holds first (the lock order: holds, then budget periods), so no
+    # capture, extension or release moves them between the two reads below (review: a capture
+    # committing in between was counted twice or not at all).
+    active = list(
+        Hold.objects.select_for_update(of=("self",)).filter(scope, state=HoldState.ACTIVE).order_by("pk")
+        .values_list("pk", "authorized", "captured", "released")
+    )
     period, fresh = BudgetPeriod.objects.get_or_create(
         budget=budget, starts_at=starts, defaults={"ends_at": ends, "org_id": budget.org_id}
     )
@@ -379,21 +391,14 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
         (period,) = _lock_periods_by_id([period.pk])  # submissions count into it under this lock
         BudgetCharge.objects.filter(period=period).delete()
         BudgetPeriod.objects.filter(pk=period.pk).update(ends_at=ends)
-    scope = Q(org_id=budget.org_id)
-    if budget.project_id is not None:
-        scope &= Q(project_id=budget.project_id)
-    if budget.user_id is not None:
-        scope &= Q(user_id=budget.user_id)
-    holds = Hold.objects.filter(scope)
     spent = LedgerTransaction.objects.filter(
         org_id=budget.org_id, kind=TransactionKind.CAPTURE, created_at__gte=starts, created_at__lt=ends,
-        hold__in=holds,
+        hold__in=Hold.objects.filter(scope),
     ).aggregate(total=Sum("amount"))["total"] or 0
     held = [
-        BudgetCharge(period=period, hold_id=hold_id, held=remaining)
-        for hold_id, remaining in holds.filter(state=HoldState.ACTIVE)
-        .annotate(left=F("authorized") - F("captured") - F("released"))
-        .filter(left__gt=0).order_by("pk").values_list("pk", "left")
+        BudgetCharge(period=period, hold_id=hold_id, held=authorized - captured - released)
+        for hold_id, authorized, captured, released in active
+        if authorized - captured - released > 0
     ]
     BudgetCharge.objects.bulk_create(held)
     period.held, period.spent = sum(c.held for c in held), spent
