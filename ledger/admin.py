@@ -11,7 +11,6 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 
 from config.errors import DomainError
 from ledger.admin_forms import IssueCreditsForm, VoidForm
@@ -104,9 +103,10 @@ class HoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 def _void_message(bucket_id: int, txn: Any) -> str:
     bucket = Bucket.objects.get(pk=bucket_id)
     voided = f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn else f"Bucket {bucket_id}"
+    closed = "; closed" if bucket.closed_at is not None else ""
     if not bucket.held:
-        return f"{voided}."
-    if bucket.expires_at is not None and bucket.expires_at <= timezone.now():
+        return f"{voided}{closed}."
+    if closed:
         return (f"{voided}; closed: the {bucket.held} micro-credits still held by jobs (running or queued) "
                 "may still be spent by them; what they give back will expire.")
     return f"{voided}; the {bucket.held} micro-credits still held become available again when released."

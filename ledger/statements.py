@@ -70,12 +70,13 @@ class Statement:
     issues: list[Issue] = field(default_factory=list)
 
 
-MONTH = re.compile(r"[0-9]{4}-[0-9]{2}")  # ASCII digits only (str.isdigit also takes full-width ones)
+MONTH_PATTERN = r"^[0-9]{4}-[0-9]{2}\Z"  # ASCII digits only (str.isdigit also takes full-width ones)
+MONTH = re.compile(MONTH_PATTERN)
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
     """`YYYY-MM` -> [first instant, first instant of the next month), UTC. ValueError if malformed."""
-    if not MONTH.fullmatch(month):
+    if not MONTH.match(month):
         raise ValueError("A month looks like 2026-11.")
     year, number = int(month[:4]), int(month[5:])
     if not (1 <= number <= 12 and 2000 <= year <= 9998):

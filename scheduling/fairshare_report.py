@@ -10,12 +10,11 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
 
 from accounts.models import Membership, Organization
 from config.clock import db_now
 from scheduling import core
-from scheduling.adapter.snapshot import load_shares, load_usage
+from scheduling.adapter.snapshot import load_shares, load_usage, offered_queued
 from scheduling.core.fairshare import Level, tree_levels
 from scheduling.models import Job, JobState
 from scheduling.services import dependencies
@@ -26,8 +25,7 @@ KEY = ("org_id", "project_id", "user_id")
 def _ranked_associations(now: datetime) -> set[tuple[int, int, int]]:
     """The (org, project, user) a pass ranks: those with a job it is offered (`load_pending`'s
     filters: queued, not held, past its backoff, dependencies met) or a job placed or running."""
-    offered = Job.objects.filter(state=JobState.QUEUED, held=False).filter(
-        Q(not_before__isnull=True) | Q(not_before__lte=now))
+    offered = offered_queued(now)
     live = set(offered.filter(dependency="").values_list(*KEY).distinct().order_by())
     waiting = {job_id: key for job_id, *key in offered.exclude(dependency="").values_list("id", *KEY)}
     blocked = dependencies.unmet_among(list(waiting)) if waiting else set()

@@ -241,6 +241,8 @@ class Job(models.Model):
 
     class Meta:
         constraints = [
+            models.CheckConstraint(condition=Q(held=True) | Q(held_by_operator=False),
+                                   name="job_operator_hold_is_a_hold"),
             models.CheckConstraint(condition=Q(gpu_count__gt=0), name="job_gpu_count_positive"),
             models.CheckConstraint(
                 condition=Q(max_wall_seconds__gt=0), name="job_max_wall_positive"

@@ -29,7 +29,7 @@ from accounts.selectors import (
 from accounts.services import add_project_member, create_organization, create_project
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
-from config.api.serializers import PageQuerySerializer, no_query
+from config.api.serializers import PageQuerySerializer, no_query, query_of
 
 
 class OrgListCreateView(GenericAPIView):
@@ -42,7 +42,7 @@ class OrgListCreateView(GenericAPIView):
     @extend_schema(operation_id="orgs_list", parameters=[PageQuerySerializer],
                    responses=OrganizationSerializer(many=True))
     def get(self, request: Request) -> Response:
-        PageQuerySerializer(data=request.query_params.dict()).is_valid(raise_exception=True)
+        PageQuerySerializer(data=query_of(request)).is_valid(raise_exception=True)
         page = self.paginate_queryset(visible_orgs(request.user).order_by("id"))
         return self.get_paginated_response(OrganizationSerializer(page, many=True).data)
 

@@ -119,6 +119,20 @@ def validated(serializer: serializers.Serializer, data: Any) -> Any:
         raise serializers.ValidationError(detail) from None
 
 
+def query_of(request: Any, *, lists: tuple[str, ...] = ()) -> dict[str, str]:
+    """The query parameters, each given once: a repeated one is a 400, not silently its last value.
+    Those in `lists` take several values, repeated (`?state=queued&state=running`, OpenAPI's form
+    style) or comma-separated (`?state=queued,running`): they are joined with commas."""
+    params = request.query_params
+    if repeated := sorted(name for name in params if name not in lists and len(params.getlist(name)) > 1):
+        raise serializers.ValidationError({name: ["Give this parameter once."] for name in repeated})
+    query = params.dict()
+    for name in lists:
+        if name in params:
+            query[name] = ",".join(params.getlist(name))
+    return query
+
+
 def no_query(request: Any) -> None:
     """A route that takes no query parameters answers any with a 400, as the lists answer an
     unknown one: a typo (`?fields=`, `?org=`) must never be silently ignored."""

@@ -9,12 +9,12 @@ from config.api.serializers import (
     MAX_AMOUNT,
     AwareDateTimeField,
     StrictCharField,
-    StrictDateTimeField,
     StrictIntegerField,
     StrictSerializer,
 )
 from ledger.clock import ledger_now
 from ledger.models import BucketKind, BucketSource, LedgerTransaction, Posting, TransactionKind
+from ledger.statements import MONTH_PATTERN
 
 
 class AmountsSerializer(serializers.Serializer):
@@ -121,8 +121,8 @@ class TransactionSerializer(serializers.ModelSerializer):
 
 
 class TransactionQuerySerializer(StrictSerializer):
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
+    since = AwareDateTimeField(required=False)
+    until = AwareDateTimeField(required=False)
     kind = serializers.ChoiceField(required=False, choices=TransactionKind.choices)
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
@@ -135,9 +135,9 @@ class CreditIssueSerializer(StrictSerializer):
     reference = StrictCharField(min_length=1, max_length=128,
                                 help_text="Finance reference (invoice, grant id); unique per org.")
     reason = StrictCharField(min_length=1, max_length=2000)
-    effective_at = StrictDateTimeField(required=False)
-    expires_at = StrictDateTimeField(required=False, help_text="In the future and after effective_at; "
-                                     "empty = never.")
+    effective_at = AwareDateTimeField(required=False, help_text="With its UTC offset; empty = now.")
+    expires_at = AwareDateTimeField(required=False, help_text="With its UTC offset, in the future and after "
+                                    "effective_at; empty = never.")
     project = StrictIntegerField(required=False, min_value=1, max_value=2**53,
                                  help_text="Scope the credits to one project of the org.")
     gpu_types = serializers.ListField(child=StrictCharField(min_length=1, max_length=32),
@@ -165,7 +165,7 @@ class BucketSerializer(BucketBalanceSerializer):
 
 
 class StatementQuerySerializer(StrictSerializer):
-    month = serializers.RegexField(r"^[0-9]{4}-[0-9]{2}\Z", required=False,
+    month = serializers.RegexField(MONTH_PATTERN, required=False,
                                    help_text="YYYY-MM (UTC); default: the month in progress.")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False,
                                      help_text="csv: the statement as a spreadsheet (or Accept: text/csv).")

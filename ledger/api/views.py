@@ -20,6 +20,7 @@ from accounts.selectors import (
 )
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
+from config.api.serializers import query_of
 from ledger.api.csv_renderer import StatementCsvRenderer
 from ledger.api.serializers import (
     BalanceQuerySerializer,
@@ -39,7 +40,7 @@ from ledger.statements import org_statement
 
 def _as_of(request: Request) -> datetime | None:
     """The balance routes' query: `as_of` or nothing (400 for anything else, as on every route)."""
-    query = BalanceQuerySerializer(data=request.query_params.dict())
+    query = BalanceQuerySerializer(data=query_of(request))
     query.is_valid(raise_exception=True)
     return query.validated_data.get("as_of")
 
@@ -89,7 +90,7 @@ class OrgTransactionsView(GenericAPIView):
     )
     def get(self, request: Request, org_id: int) -> Response:
         org = _org_money_reader(request, org_id)
-        query = TransactionQuerySerializer(data=request.query_params.dict())
+        query = TransactionQuerySerializer(data=query_of(request))
         query.is_valid(raise_exception=True)
         filters = {k: query.validated_data.get(k) for k in ("since", "until", "kind")}
         journal = org_transactions(org=org, **filters)
@@ -117,7 +118,7 @@ class OrgStatementView(GenericAPIView):
     )
     def get(self, request: Request, org_id: int) -> Response:
         org = _org_money_reader(request, org_id)
-        query = StatementQuerySerializer(data=request.query_params.dict())
+        query = StatementQuerySerializer(data=query_of(request))
         query.is_valid(raise_exception=True)
         month = query.validated_data.get("month") or ledger_now().strftime("%Y-%m")
         try:

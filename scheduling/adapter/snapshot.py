@@ -19,6 +19,7 @@ from django.db.models import (
     F,
     OuterRef,
     Q,
+    QuerySet,
     Subquery,
     Sum,
     Value,
@@ -277,13 +278,19 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     return nodes, tuple(running), orgs
 
 
+def offered_queued(now: datetime) -> QuerySet[Job]:
+    """Queued jobs a pass may be offered: not held, past any retry backoff. Those with dependencies
+    are offered only once they are met (`dependencies.unmet_among`, asked about them alone)."""
+    return Job.objects.filter(state=JobState.QUEUED, held=False).filter(
+        Q(not_before__isnull=True) | Q(not_before__lte=now))
+
+
 def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, PendingRow]]:
     """Queued jobs whose backoff has passed, oldest first; budget_ok = an active hold backs them."""
     jobs: list[core.PendingJob] = []
     rows: dict[int, PendingRow] = {}
     queued = list(
-        Job.objects.filter(state=JobState.QUEUED, held=False)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        offered_queued(now)
         .values_list(
             "id", "org_id", "project_id", "user_id", "priority_class__name", "gpu_count",
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",

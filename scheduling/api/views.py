@@ -23,7 +23,7 @@ from accounts.selectors import (
 from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
-from config.api.serializers import no_query, validated
+from config.api.serializers import no_query, query_of, validated
 from ledger.selectors import attach_release_split
 from scheduling.api.serializers import (
     JobDetailSerializer,
@@ -89,7 +89,7 @@ class JobListCreateView(GenericAPIView):
         responses=JobSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        query = JobListQuerySerializer(data=request.query_params.dict())
+        query = JobListQuerySerializer(data=query_of(request, lists=("state",)))
         query.is_valid(raise_exception=True)
         jobs = visible_jobs(request.user).order_by("-submitted_at", "-id")
         wanted = query.validated_data
@@ -209,8 +209,9 @@ class OrgFairShareView(GenericAPIView):
         operation_id="orgs_fair_share", responses=OrgFairShareSerializer,
         description="The org's fair-share tree as the scheduler ranks it: the org among the orgs "
         "with work, its projects and their members, each with weight, share and decayed usage among "
-        "its siblings, level fair share, and the fair-share factor of users with queued or running "
-        "jobs (Slurm's sshare -l). Org members and finance.",
+        "its siblings, level fair share, and the fair-share factor of users with a job the pass is "
+        "offered (queued, not held, past any backoff, dependencies met) or one placed or running "
+        "(Slurm's sshare -l). Org members and finance.",
     )
     def get(self, request: Request, org_id: int) -> Response:
         no_query(request)
@@ -268,7 +269,8 @@ class JobHoldView(_JobActionView):
 @extend_schema_view(post=extend_schema(
     operation_id="jobs_release", request=None, responses=JobDetailSerializer,
     description="Let a held job be scheduled again; its aging restarts now, so holding a job "
-    "never buys it queue time. Releasing a job that is not held changes nothing.",
+    "never buys it queue time. Releasing a job that is not held changes nothing; a job an operator "
+    "held (`held_by_operator`) is 403 `held-by-operator`: only an operator releases it.",
 ))
 class JobReleaseView(_JobActionView):
     verb = "release"

@@ -203,3 +203,11 @@ def test_only_an_operator_releases_an_operators_hold(
     assert (cancelled["state"], cancelled["held"], cancelled["held_by_operator"]) == (
         "cancelled", False, False,
     )
+
+
+def test_the_database_refuses_an_operator_hold_that_is_not_a_hold(api: APIClient, job_body: Callable) -> None:
+    from django.db import IntegrityError, transaction
+
+    job = submit(api, job_body)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job["id"]).update(held=False, held_by_operator=True)
