@@ -48,8 +48,10 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
                 ("Consumed", -statement["consumed"]), ("Expired", -statement["expired"]),
                 ("Voided", -statement["voided"]), ("Closing balance", statement["closing"]["total"])]
         rows = [(label, format_credits(amount)) for label, amount in rows]
+        largest = max((line["amount"] for line in statement["consumption"]), default=0)
         for line in statement["consumption"]:
             line["credits"] = format_credits(line["amount"])
+            line["bar"] = line["amount"] * 100 // largest if largest else 0  # % of the largest line
         for issue in statement["issues"]:
             issue["credits"] = format_credits(issue["amount"])
     context = {**admin_context, "title": "Statement", "form": form, "statement": statement, "rows": rows,

@@ -159,6 +159,8 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     rows = dict(page.context["rows"])
     shown = [rows[label] for label in ("Opening balance", "Issued", "Consumed", "Voided", "Closing balance")]
     assert shown == ["0.00", "10.00", "-2.00", "-1.00", "7.00"]
+    (line,) = page.context["statement"]["consumption"]
+    assert line["bar"] == 100 and b'class="statement-bar"' in page.content  # the largest line: a full bar
     csv_file = finance_client.get(url, {"org": org.pk, "month": month, "format": "csv"})
     assert csv_file["Content-Type"].startswith("text/csv")
     assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content
