@@ -338,16 +338,23 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     return tuple(jobs), rows
 
 
+def load_priority_classes() -> tuple[core.PriorityClass, ...]:
+    """The classes as the core counts them: ranked 0, 1, 2, ... in the order of their stored ranks.
+
+    The core's priority is in class steps (one class = 1, so aging lifts a job one class per
+    `aging_seconds_per_class`); stored ranks are any increasing integers (the demo's are 100
+    apart, which made a class step 100 units and aging 100 times slower than documented: QA)."""
+    rows = PriorityClass.objects.order_by("rank").values_list("name", "rank", "preemptible", "can_preempt")
+    return tuple(
+        core.PriorityClass(name, step, preemptible_by_higher=preemptible, can_preempt=can_preempt)
+        for step, (name, _rank, preemptible, can_preempt) in enumerate(rows)
+    )
+
+
 def load_snapshot(*, now: datetime, config: core.Config | None = None) -> Loaded:
     """Everything one pass needs, read in the caller's transaction."""
     if config is None:
-        classes = tuple(
-            core.PriorityClass(name, rank, preemptible_by_higher=preemptible, can_preempt=can_preempt)
-            for name, rank, preemptible, can_preempt in PriorityClass.objects.values_list(
-                "name", "rank", "preemptible", "can_preempt"
-            )
-        )
-        config = scheduler_config(classes)
+        config = scheduler_config(load_priority_classes())
     gpu_types, type_ids = load_gpu_types(now)
     nodes, running, attempt_orgs = load_fleet(now)
     pending, rows = load_pending(now)

@@ -54,8 +54,9 @@ def test_positions_follow_class_then_the_terms_add_up(
         assert body["queue_length"] == 3
         assert sum(body["terms"].values()) == pytest.approx(body["priority"], abs=1e-9)
         assert body["not_before"] is None and body["wait_reason"] == ""
-    assert got[batch]["priority_class"] == "batch" and got[batch]["terms"]["priority_class"] == 200
-    assert got[standard]["terms"]["priority_class"] == 300
+    # Classes count in steps (interactive 0, batch 1, standard 2, ...), whatever their stored ranks.
+    assert got[batch]["priority_class"] == "batch" and got[batch]["terms"]["priority_class"] == 1
+    assert got[standard]["terms"]["priority_class"] == 2
     # Nobody has used anything: every level is infinitely under-served (null) and shares are split.
     fair = got[standard]["fair_share"]
     assert fair["factor"] == 1.0
@@ -140,3 +141,14 @@ def test_a_stale_ordering_is_refreshed_by_one_caller_and_served_to_the_others(
     assert priority(api, first)["position"] == 1  # stale and unclaimed: this caller refreshes
     assert cache.get(REFRESH_KEY) is None  # and lets go of the claim
     assert priority(api, second)["position"] == 2
+
+
+def test_a_week_of_waiting_lifts_a_job_one_class(api: APIClient, job_body: Callable) -> None:
+    """QA: stored ranks 100 apart made a class step 100 units, so aging (1 per 7 days) took about
+    700 days to lift a job one class instead of the documented 7."""
+    batch = submit(api, job_body, priority_class="batch")
+    standard = submit(api, job_body, priority_class="standard")
+    Job.objects.filter(pk=batch).update(submitted_at=timezone.now() - timedelta(days=7, hours=1))
+    old, fresh = priority(api, batch), priority(api, standard)
+    assert old["terms"]["age"] == pytest.approx(1.0 + 1 / (7 * 24), rel=1e-3)
+    assert (old["position"], fresh["position"]) == (1, 2)  # the week-old batch job now goes first
