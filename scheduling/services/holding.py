@@ -45,15 +45,17 @@ def hold_job(*, job: Job, actor: Any = None, operator: bool = False) -> Job:
         )
     if job.held and (job.held_by_operator or not operator):
         return job
-    return _set_held(job, actor, held=True, wait=(reasons.HELD, held_detail(actor, operator=operator)),
-                     held_by_operator=operator)
+    wait = (reasons.HELD, held_detail(actor, job.pk, operator=operator))
+    return _set_held(job, actor, held=True, wait=wait, held_by_operator=operator)
 
 
-def held_detail(actor: Any, *, operator: bool = False) -> str:
+def held_detail(actor: Any, job_id: int | None, *, operator: bool = False) -> str:
     who = actor.get_username() if hasattr(actor, "get_username") else "the system"
     if operator:
         return f"held by an operator ({who}) until an operator releases it"[:255]
-    return f"held by {who} until released (POST /api/v1/jobs/<id>/release)"[:255]
+    if job_id is None:  # not inserted yet
+        return f"held by {who} until released"[:255]
+    return f"held by {who} until released (POST /api/v1/jobs/{job_id}/release)"[:255]
 
 
 @transaction.atomic

@@ -222,8 +222,11 @@ def submit_job(
         job.dependency = spec.dependency
         job.wait_reason, job.wait_detail = after.wait_reason, after.wait_detail
     if spec.held:  # shown before a dependency: releasing it shows the dependency again
-        job.held, job.wait_reason, job.wait_detail = True, reasons.HELD, held_detail(user)
+        job.held, job.wait_reason, job.wait_detail = True, reasons.HELD, held_detail(user, None)
     _insert(job)
+    if spec.held:  # the detail names the job's release route, known now (rare: held submissions only)
+        job.wait_detail = held_detail(user, job.pk)
+        Job.objects.filter(pk=job.pk).update(wait_detail=job.wait_detail)
     if after is not None:
         dependencies.record(job=job, depends_on=after.job_ids)
     # The serializer needs the class's name, and a new job has no attempts: no reads for them.

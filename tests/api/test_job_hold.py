@@ -39,7 +39,7 @@ def test_a_held_job_keeps_its_credits_and_waits_until_released(
     body = held.json()
     assert body["held"] is True and body["wait_reason"] == "held"
     who = tenant.user.get_username()
-    assert body["wait_detail"] == f"held by {who} until released (POST /api/v1/jobs/<id>/release)"
+    assert body["wait_detail"] == f"held by {who} until released (POST /api/v1/jobs/{job['id']}/release)"
     assert body["hold"]["state"] == "active" and body["hold"]["released"] == 0
     assert pending_ids() == set()
     run_scheduling_pass(trigger="test")
@@ -211,3 +211,10 @@ def test_the_database_refuses_an_operator_hold_that_is_not_a_hold(api: APIClient
     job = submit(api, job_body)
     with pytest.raises(IntegrityError), transaction.atomic():
         Job.objects.filter(pk=job["id"]).update(held=False, held_by_operator=True)
+
+
+def test_a_held_job_names_its_own_release_route(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+    """QA: the detail read '.../jobs/<id>/release', a placeholder, even for a job submitted held."""
+    job = submit(api, job_body, held=True)
+    assert job["wait_detail"].endswith(f"(POST /api/v1/jobs/{job['id']}/release)")
+    assert api.get(f"/api/v1/jobs/{job['id']}").json()["wait_detail"] == job["wait_detail"]
