@@ -13,6 +13,7 @@ from config.api.serializers import (
 )
 from ledger.models import Hold
 from ledger.selectors import release_split
+from scheduling.core import reasons as core_reasons
 from scheduling.models import Dependency, Job, JobAttempt
 from scheduling.services.dependencies import MAX_DEPENDENCIES
 
@@ -140,20 +141,28 @@ class JobDetailSerializer(JobSerializer):
         read_only_fields = fields
 
 
+WAIT_REASON_PATTERN = (
+    rf"^(?:{'|'.join(sorted(core_reasons.WAIT_REASONS))}|{core_reasons.RESERVED_PREFIX}[0-9]{{1,18}})\Z"
+)
+
+
 class JobListQuerySerializer(StrictSerializer):
     """Filters of the job list, as Slurm's `sacct` offers them (all optional, combined with AND)."""
 
     project = serializers.IntegerField(required=False, min_value=1, max_value=2**53)
     state = serializers.MultipleChoiceField(
-        required=False, choices=Job._meta.get_field("state").choices,
+        required=False, allow_empty=False, choices=Job._meta.get_field("state").choices,
         help_text="One state or several, comma-separated (e.g. queued,running).",
     )
     user = serializers.IntegerField(required=False, min_value=1, max_value=2**53,
                                     help_text="Jobs of this user (org owners and admins see every member's).")
     name = serializers.CharField(required=False, min_length=1, max_length=128,
                                  help_text="Jobs whose name starts with this.")
-    wait_reason = serializers.CharField(required=False, min_length=1, max_length=64,
-                                        help_text="Queued jobs waiting for this reason (quota, ...).")
+    wait_reason = serializers.RegexField(
+        WAIT_REASON_PATTERN, required=False, help_text="Queued jobs waiting for this reason (quota, ...).",
+        error_messages={"invalid": f"Not a wait reason: one of {', '.join(sorted(core_reasons.WAIT_REASONS))}"
+                                   ", or reserved-for-job-N."},
+    )
     submitted_since = AwareDateTimeField(required=False, help_text="Submitted at or after (with its offset).")
     submitted_until = AwareDateTimeField(required=False, help_text="Submitted before (with its offset).")
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
