@@ -15,7 +15,9 @@ from config.request_context import current_request_id
 def _problem(request: HttpRequest, *, type_: str, title: str, status: int, detail: str) -> JsonResponse:
     body = {"type": type_, "title": title, "status": status, "detail": detail,
             "instance": request.path, "request_id": current_request_id()}
-    return JsonResponse(body, status=status, content_type=PROBLEM_CONTENT_TYPE)
+    # Compact, like the API's own renderer (QA: this body alone had spaces after separators).
+    return JsonResponse(body, status=status, content_type=PROBLEM_CONTENT_TYPE,
+                        json_dumps_params={"separators": (",", ":")})
 
 
 @csrf_exempt  # no state changes here; a CSRF 403 page would hide the 404 problem document

@@ -94,3 +94,4 @@ def test_unknown_api_paths_are_problem_404s_even_with_newlines(victim: Tenant, p
     response = client_for(victim.user).get(path)
     assert response.status_code == 404 and response["Content-Type"] == "application/problem+json"
     assert response.json()["type"] == "not-found"
+    assert response.content.startswith(b'{"type":"not-found","title":"Not found",')  # compact, as the rest
