@@ -11,8 +11,10 @@ from portal.access import dashboard_scope, org_view_for, visible_orgs
 from portal.balances import org_balances
 from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
 from portal.selectors import user_jobs
-from scheduling.models import JobState
+from scheduling.models import Job, JobState
 from scheduling.selectors import standings_of
+
+JOBS_SHOWN = 50
 
 
 @require_GET
@@ -20,7 +22,9 @@ from scheduling.selectors import standings_of
 def home(request: HttpRequest) -> HttpResponse:
     """The signed-in user's balances in every org/project they belong to, and their jobs."""
     orgs = [org_balances(view) for view in visible_orgs(request.user)]
-    jobs = list(user_jobs(user=request.user))
+    jobs = list(user_jobs(user=request.user, limit=JOBS_SHOWN))
+    # QA: the list stopped at 50 without saying so. Counted only when the page is full.
+    jobs_total = Job.objects.filter(user=request.user).count() if len(jobs) == JOBS_SHOWN else len(jobs)
     queued = [job for job in jobs if job.state == JobState.QUEUED]
     if queued:  # where each stands in the queue (the API's GET /jobs/{id}/priority, cached)
         found = standings_of(queued)
@@ -34,6 +38,7 @@ def home(request: HttpRequest) -> HttpResponse:
         {
             "orgs": orgs,
             "jobs": jobs,
+            "jobs_total": jobs_total,
             "can_see_dashboard": dashboard_scope(request.user) is not None,
         },
     )
