@@ -219,8 +219,10 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
             try:
                 change(job=job, actor=request.user)
                 ok += 1
-            except DomainError as error:
-                messages.error(request, f"Job {job.pk}: {error.detail}")
+            except DomainError as error:  # its detail names the job already ("Job 49 is completed; ...")
+                detail = str(error.detail)
+                named = detail.startswith(f"Job {job.pk} ")
+                messages.error(request, detail if named else f"Job {job.pk}: {detail}")
         if ok:
             messages.success(request, f"{ok} job{'s' if ok > 1 else ''} {done}.")
 

@@ -193,3 +193,12 @@ def test_a_price_cannot_be_back_dated(staff: Client, fleet: dict[str, Any]) -> N
     change = reverse("admin:scheduling_gpuprice_change", args=[scheduled.pk])
     assert staff.post(change, form).status_code == 200
     assert GpuPrice.objects.get(pk=scheduled.pk).effective_from > timezone.now()
+
+
+def test_a_refused_action_names_the_job_once(staff: Client, fleet: dict[str, Any],
+                                             make_job: Callable[..., Job]) -> None:
+    job = make_job(JobState.COMPLETED, hold=False)
+    response = staff.post(reverse("admin:scheduling_job_changelist"),
+                          {"action": "release", "_selected_action": [job.pk]}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == [f"Job {job.pk} is completed; only a queued job can be released."]  # once, not twice
