@@ -93,8 +93,41 @@ class GpuTypeAdmin(ViewOnlyHistoryAdmin):
     inlines = (GpuPriceInline,)
 
 
+class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
+    """Operator settings the scheduler obeys (GPU prices, quotas): each addition, change and
+    deletion is an audit event with who did it and what changed, so a `quota` wait or a price can
+    be traced to its author in the audit trail, not only in the object's history page (QA)."""
+
+    audit_action = ""  # e.g. "sched.quota": events "sched.quota.added|changed|deleted"
+
+    def _audit(self, request: HttpRequest, obj: Any, verb: str, subject_id: Any,
+               data: dict[str, Any]) -> None:
+        from audit.models import AuditEvent
+        from audit.services import record
+
+        record(action=f"{self.audit_action}.{verb}", subject_type=self.model._meta.model_name,
+               subject_id=subject_id, org_id=getattr(obj, "org_id", None),
+               actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk), reason_code=verb,
+               data={"object": str(obj), **data})
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        changed = {name: str(form.cleaned_data.get(name)) for name in form.changed_data}
+        self._audit(request, obj, "changed" if change else "added", obj.pk, {"fields": changed})
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        subject_id = obj.pk
+        super().delete_model(request, obj)
+        self._audit(request, obj, "deleted", subject_id, {})
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
 @admin.register(GpuPrice)
-class GpuPriceAdmin(ViewOnlyHistoryAdmin):
+class GpuPriceAdmin(AuditedSettingAdmin):
+    audit_action = "sched.price"
     form = GpuPriceForm
     list_display = ("gpu_type", "price_per_gpu_hour", "effective_from")
     list_filter = ("gpu_type",)
@@ -187,7 +220,8 @@ class PriorityClassAdmin(ViewOnlyHistoryAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(ViewOnlyHistoryAdmin):
+class QuotaAdmin(AuditedSettingAdmin):
+    audit_action = "sched.quota"
     list_display = ("org", "project", "gpu_type", "max_gpus")
     list_filter = ("gpu_type",)
     search_fields = ("org__slug", "project__slug")

@@ -202,3 +202,27 @@ def test_a_refused_action_names_the_job_once(staff: Client, fleet: dict[str, Any
                           {"action": "release", "_selected_action": [job.pk]}, follow=True)
     shown = [str(m) for m in response.context["messages"]]
     assert shown == [f"Job {job.pk} is completed; only a queued job can be released."]  # once, not twice
+
+
+def test_quota_and_price_changes_are_in_the_audit_trail(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: a `quota` wait could not be traced to who set the quota; only the history page knew."""
+    from audit.models import AuditEvent
+
+    org = OrganizationFactory()
+    add = staff.post(reverse("admin:scheduling_quota_add"),
+                     {"org": org.pk, "project": "", "gpu_type": fleet["h100"].pk, "max_gpus": 8})
+    assert add.status_code == 302, add.content[:2000]
+    quota = Quota.objects.get(org=org)
+    staff.post(reverse("admin:scheduling_quota_change", args=[quota.pk]),
+               {"org": org.pk, "project": "", "gpu_type": fleet["h100"].pk, "max_gpus": 4})
+    staff.post(reverse("admin:scheduling_quota_delete", args=[quota.pk]), {"post": "yes"})
+    events = list(AuditEvent.objects.filter(action__startswith="sched.quota.").order_by("id")
+                  .values_list("action", "org_id", "data__fields"))
+    assert events == [("sched.quota.added", org.pk, {"org": str(org), "gpu_type": "H100", "max_gpus": "8"}),
+                      ("sched.quota.changed", org.pk, {"max_gpus": "4"}),
+                      ("sched.quota.deleted", org.pk, None)]
+    when = timezone.now() + timedelta(days=1)
+    price = {"gpu_type": fleet["h100"].pk, "price_per_gpu_hour": 9_000_000,
+             "effective_from_0": when.strftime("%Y-%m-%d"), "effective_from_1": when.strftime("%H:%M:%S")}
+    assert staff.post(reverse("admin:scheduling_gpuprice_add"), price).status_code == 302
+    assert AuditEvent.objects.filter(action="sched.price.added").count() == 1
