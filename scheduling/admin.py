@@ -22,6 +22,7 @@ from scheduling.models import (
     GpuType,
     Job,
     JobAttempt,
+    JobState,
     Node,
     NodeCordon,
     PriorityClass,
@@ -276,7 +277,11 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import release_job
 
-        self._each(request, queryset, partial(release_job, operator=True), "released")
+        not_held = [job.pk for job in queryset if job.state == JobState.QUEUED and not job.held]
+        for job_id in not_held:  # QA: counted as "released" although nothing changed
+            messages.warning(request, f"Job {job_id} is not held; nothing to release.")
+        release = partial(release_job, operator=True)
+        self._each(request, queryset.exclude(pk__in=not_held), release, "released")
 
 
 @admin.register(JobAttempt)

@@ -226,3 +226,12 @@ def test_quota_and_price_changes_are_in_the_audit_trail(staff: Client, fleet: di
              "effective_from_0": when.strftime("%Y-%m-%d"), "effective_from_1": when.strftime("%H:%M:%S")}
     assert staff.post(reverse("admin:scheduling_gpuprice_add"), price).status_code == 302
     assert AuditEvent.objects.filter(action="sched.price.added").count() == 1
+
+
+def test_releasing_a_job_that_is_not_held_says_so(staff: Client, fleet: dict[str, Any],
+                                                  make_job: Callable[..., Job]) -> None:
+    job = make_job(JobState.QUEUED, hold=False)
+    response = staff.post(reverse("admin:scheduling_job_changelist"),
+                          {"action": "release", "_selected_action": [job.pk]}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == [f"Job {job.pk} is not held; nothing to release."]  # QA: said "1 job released"
