@@ -1,14 +1,10 @@
 """Budget periods: which period of a budget contains an instant (pure functions, no ORM)."""
 
-from datetime import UTC, datetime
+from datetime import datetime
 
+from config.months import month_bounds
 
-def month_bounds(now: datetime) -> tuple[datetime, datetime]:
-    """The calendar month (UTC) containing `now`, as [start, end)."""
-    now = now.astimezone(UTC)
-    start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    end = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
-    return start, end
+__all__ = ["month_bounds", "period_bounds"]
 
 
 def period_bounds(

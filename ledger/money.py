@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-MICRO = 1_000_000
+from ledger.models import MICRO
 
 
 def format_credits(micro: int | None) -> str:

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.db.models import Q, Sum
 
 from accounts.models import Organization
+from config.months import month_bounds
 from ledger.clock import ledger_now
 from ledger.models import Account, Bucket, LedgerTransaction, Posting, TransactionKind
 
@@ -74,16 +75,14 @@ MONTH_PATTERN = r"^[0-9]{4}-[0-9]{2}\Z"  # ASCII digits only (str.isdigit also t
 MONTH = re.compile(MONTH_PATTERN)
 
 
-def month_bounds(month: str) -> tuple[datetime, datetime]:
+def parse_month(month: str) -> tuple[datetime, datetime]:
     """`YYYY-MM` -> [first instant, first instant of the next month), UTC. ValueError if malformed."""
     if not MONTH.match(month):
         raise ValueError("A month looks like 2026-11.")
     year, number = int(month[:4]), int(month[5:])
     if not (1 <= number <= 12 and 2000 <= year <= 9998):
         raise ValueError(f"{month} is not a month this ledger can have.")
-    start = datetime(year, number, 1, tzinfo=UTC)
-    end = datetime(year + (number == 12), number % 12 + 1, 1, tzinfo=UTC)
-    return start, end
+    return month_bounds(datetime(year, number, 1, tzinfo=UTC))
 
 
 def _balance(org_id: int, before: datetime) -> Balance:
@@ -138,7 +137,7 @@ def org_statement(*, org: Organization, month: str) -> Statement:
 
 
 def _statement(*, org: Organization, month: str) -> Statement:
-    starts, ends = month_bounds(month)
+    starts, ends = parse_month(month)
     now = ledger_now()
     if starts > now:
         raise ValueError(f"{month} has not begun.")
