@@ -14,6 +14,7 @@ from accounts.models import ApiKey, IdempotencyRecord
 from accounts.services import create_api_key, reap_idempotency_records, revoke_api_key
 from accounts.tasks import reap_idempotency_keys
 from config.api.ratelimit import inflight_slot
+from config.clock import db_now
 from tests.api.factories import Tenant
 from tests.factories import UserFactory
 
@@ -114,7 +115,9 @@ def test_expired_idempotency_records_are_reaped(api: APIClient, job_body: Any) -
     api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="new")
     record = IdempotencyRecord.objects.get(key="old")
     assert record.expires_at - record.created_at >= timedelta(hours=24)
-    IdempotencyRecord.objects.filter(key="old").update(expires_at=timezone.now() - timedelta(seconds=1))
+    # The reaper compares with the transaction's now() (db_now), which in a test is when the test's
+    # transaction began: expire the record on that clock, not the wall clock, which has moved on.
+    IdempotencyRecord.objects.filter(key="old").update(expires_at=db_now() - timedelta(seconds=1))
     assert reap_idempotency_records() == 1
     assert reap_idempotency_keys() == 0
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["new"]
