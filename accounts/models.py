@@ -1,6 +1,7 @@
 """Tenancy: regions, organizations (teams), projects, memberships, API keys, idempotency records."""
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from simple_history.models import HistoricalRecords
@@ -17,6 +18,13 @@ class Region(models.Model):
         return self.code
 
 
+MIN_HOLD_WINDOW_SECONDS = 60  # one metering charge interval (metering.conf METERING_CHARGE_INTERVAL_S)
+HOLD_WINDOW_MESSAGE = (
+    f"A hold window must be at least {MIN_HOLD_WINDOW_SECONDS} seconds (one metering charge interval); "
+    "leave it empty for holds that cover the whole max wall time."
+)
+
+
 class Organization(models.Model):
     """A tenant (team) that owns credits, projects and budgets."""
 
@@ -25,8 +33,13 @@ class Organization(models.Model):
     home_region = models.ForeignKey(Region, null=True, blank=True, on_delete=models.PROTECT)
     # Fair-share weight of this org among all orgs (Slurm "shares").
     fair_share_weight = models.PositiveIntegerField(default=1)
-    # Policy: holds for long jobs cover at most this window and are renewed as the job runs.
-    hold_window_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # Policy: holds for long jobs cover at most this window and are renewed as the job runs; null:
+    # no window (a hold covers the whole max wall time). At least one metering charge interval
+    # (60 s): a shorter window was extended by less than a run uses between two charges, so the
+    # hold fell behind and the usage past it went unfunded.
+    hold_window_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(MIN_HOLD_WINDOW_SECONDS, HOLD_WINDOW_MESSAGE)]
+    )
     # Cap on concurrent in-flight submissions (rate-limit protection for the reservation path).
     max_inflight_submissions = models.PositiveIntegerField(default=16)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -38,6 +51,12 @@ class Organization(models.Model):
                 condition=Q(fair_share_weight__gt=0),
                 name="org_fair_share_weight_positive",
                 violation_error_message="Fair-share weight must be positive.",
+            ),
+            models.CheckConstraint(
+                condition=Q(hold_window_seconds__isnull=True)
+                | Q(hold_window_seconds__gte=MIN_HOLD_WINDOW_SECONDS),
+                name="org_hold_window_at_least_a_minute",
+                violation_error_message=HOLD_WINDOW_MESSAGE,
             ),
         ]
 

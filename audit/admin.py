@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from audit.models import AuditEvent
+from config.readonly_admin import ReadOnlyAdminMixin
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "created_at", "org_id", "action", "actor_type", "actor_id", "subject_type",
                     "subject_id", "amount", "reason_code", "request_id")
     list_filter = ("action", "actor_type", "subject_type", "created_at")
     search_fields = ("action", "subject_id", "actor_id", "request_id", "reason_code", "=org_id")
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -1,6 +1,6 @@
 """Time one core scheduling pass: 10,000 pending jobs on 1,000 nodes (8,000 GPUs of 3 types).
 
-Run: python bench/scheduler_scale_core.py [--pending 10000] [--nodes 1000] [--repeat 5]
+Run: python bench/scheduler_scale_core.py [--pending 10000] [--nodes 1000] [--repeat 5] [--binding-quota 40]
 Prints the core pass's CPU time and its ratio to a trivial baseline measured in the same run
 (sorting the pending list by submission time). `build_snapshot()` is reused by the DB-backed bench.
 """
@@ -45,6 +45,7 @@ def build_snapshot(
     seed: int = 1,
     now: float = 1_000_000.0,
     config: Config | None = None,
+    binding_quota: int | None = None,
 ) -> Snapshot:
     """A busy heterogeneous fleet: ~70% of GPUs held by running jobs, a deep mixed queue."""
     rng = random.Random(seed)
@@ -102,6 +103,8 @@ def build_snapshot(
         )
     usage = Usage(org={o: rng.uniform(0, 1e7) for o in range(orgs)})
     quotas = Quotas(org={(o, "H100"): 256 for o in range(0, orgs, 5)})
+    if binding_quota is not None:  # every org capped on every type: most of the queue waits for quota
+        quotas = Quotas(org={(o, t): binding_quota for o in range(orgs) for t in GPU_TYPES})
     return Snapshot(
         now=now,
         gpu_types=GPU_TYPES,
@@ -134,9 +137,12 @@ def main() -> None:
     ap.add_argument("--pending", type=int, default=10_000)
     ap.add_argument("--nodes", type=int, default=1_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--binding-quota", type=int, default=None, metavar="GPUS",
+                    help="cap every org on every type at GPUS (e.g. 40): the quota-reservation path")
     args = ap.parse_args()
     for policy in ("fair", "fifo_backfill", "fifo"):
-        snap = build_snapshot(pending=args.pending, nodes=args.nodes, config=Config(policy=policy))
+        snap = build_snapshot(pending=args.pending, nodes=args.nodes, config=Config(policy=policy),
+                              binding_quota=args.binding_quota)
         base = best_cpu_seconds(lambda s=snap: fifo_order(s), args.repeat)
         core = best_cpu_seconds(lambda s=snap: schedule(s), args.repeat)
         res = schedule(snap)
@@ -146,7 +152,8 @@ def main() -> None:
             f"core pass {core * 1000:.1f} ms CPU (best of {args.repeat}), "
             f"baseline sort {base * 1000:.2f} ms, ratio {core / base:.0f}x | "
             f"placed={len(res.placements)} preempt={len(res.preemptions)} "
-            f"skips={len(res.skips)} reservations={len(res.reservations)}"
+            f"skips={len(res.skips)} reservations={len(res.reservations)} "
+            f"(quota {sum(r.kind == 'quota' for r in res.reservations)})"
         )
 
 

@@ -36,6 +36,18 @@ class ContextFilter(logging.Filter):
         return True
 
 
+class ClientErrorFilter(logging.Filter):
+    """Drops the traceback Django attaches to a 4xx it logs (a refused admin page, an API 404): the
+    refusal is the answer, not a fault, and a stack per 403 buries the real errors. The line stays;
+    5xx keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if record.name == "django.request" and isinstance(status, int) and 400 <= status < 500:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def build_logging(*, fmt: str = "plain", level: str = "INFO") -> dict[str, Any]:
     """The LOGGING dict for `fmt` ("plain" or "json")."""
     if fmt not in ("plain", "json"):
@@ -43,7 +55,10 @@ def build_logging(*, fmt: str = "plain", level: str = "INFO") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": "config.logging.ContextFilter"}},
+        "filters": {
+            "context": {"()": "config.logging.ContextFilter"},
+            "client_errors": {"()": "config.logging.ClientErrorFilter"},
+        },
         "formatters": {
             "plain": {"format": PLAIN_FORMAT},
             "json": {
@@ -53,7 +68,9 @@ def build_logging(*, fmt: str = "plain", level: str = "INFO") -> dict[str, Any]:
             },
         },
         "handlers": {
-            "console": {"class": "logging.StreamHandler", "formatter": fmt, "filters": ["context"]},
+            "console": {
+                "class": "logging.StreamHandler", "formatter": fmt, "filters": ["context", "client_errors"],
+            },
         },
         "root": {"handlers": ["console"], "level": level},
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -13,25 +14,14 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from config.errors import DomainError
+from config.readonly_admin import ReadOnlyAdminMixin
 from ledger.admin_forms import IssueCreditsForm, VoidForm
 from ledger.admin_statements import statement_view
+from ledger.clock import ledger_now
 from ledger.errors import InvalidExpiry
 from ledger.models import Account, Bucket, Hold, HoldLine, LedgerTransaction, Posting, TransactionKind
 from ledger.selectors import released_to_expiry_sql
 from ledger.services import issue_credits, void_credits
-
-
-class ReadOnlyAdminMixin:
-    """Viewable with the view permission; nobody adds, changes or deletes rows here."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class PostingInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -100,16 +90,32 @@ class HoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return int(getattr(hold, "to_expiry", 0) or 0)
 
 
-def _void_message(bucket_id: int, txn: Any) -> str:
+def _utc(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _void_message(bucket_id: int, txn: Any, *, close: bool) -> str:
     bucket = Bucket.objects.get(pk=bucket_id)
-    voided = f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn else f"Bucket {bucket_id}"
-    closed = "; closed" if bucket.closed_at is not None else ""
+    now = ledger_now()
+    done = f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn else f"Bucket {bucket_id}"
+    not_closed = "not closed: " if close else ""
+    # Ended before this void (a bucket closed now has expires_at = now too).
+    expired = bucket.closed_at is None and bucket.expires_at is not None and bucket.expires_at <= now
+    if bucket.closed_at is not None:
+        done += "; closed"
+    elif bucket.effective_at >= now:
+        # `void_credits` closes only a bucket in effect (its expiry cannot move before its start),
+        # and none is needed: nothing can be held on it before then, and the void took the rest.
+        return (f"{done}; {not_closed}it is not in effect until {_utc(bucket.effective_at)}. Nothing can be "
+                "held on it before then, so the void left nothing on it to spend.")
+    elif expired:
+        done += f"; {not_closed}it expired at {_utc(bucket.expires_at)} already"
     if not bucket.held:
-        return f"{voided}{closed}."
-    if closed:
-        return (f"{voided}; closed: the {bucket.held} micro-credits still held by jobs (running or queued) "
-                "may still be spent by them; what they give back will expire.")
-    return f"{voided}; the {bucket.held} micro-credits still held become available again when released."
+        return f"{done}."
+    if bucket.closed_at is not None or expired:
+        return (f"{done}{'. The' if expired else ': the'} {bucket.held} micro-credits still held by jobs "
+                "(running or queued) may still be spent by them; what they give back will expire.")
+    return f"{done}; the {bucket.held} micro-credits still held become available again when released."
 
 
 @admin.register(Bucket)
@@ -197,7 +203,8 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 except DomainError as error:
                     self.message_user(request, f"Bucket {bucket.pk}: {error.detail}", messages.WARNING)
                 else:
-                    self.message_user(request, _void_message(bucket.pk, txn))
+                    message = _void_message(bucket.pk, txn, close=form.cleaned_data["close"])
+                    self.message_user(request, message)
             return None
         context = {
             **self.admin_site.each_context(request),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -12,6 +13,22 @@ from ledger.amounts import MAX_AMOUNT
 from ledger.models import MICRO, BucketKind, BucketSource
 
 MAX_CREDITS = Decimal(MAX_AMOUNT) / MICRO
+
+
+class PlainDecimalField(forms.DecimalField):
+    """Digits with an optional fractional part, nothing else: `Decimal` also reads an exponent,
+    so "1e3" issued 1,000 credits (QA) and a slip like "1e9" would issue a billion."""
+
+    plain = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+    default_error_messages = {
+        "plain": "Enter a plain decimal number, such as 1000 or 12.5: no exponent (1e3), sign or "
+                 "separators.",
+    }
+
+    def to_python(self, value: Any) -> Decimal | None:
+        if value not in self.empty_values and not self.plain.fullmatch(str(value).strip()):
+            raise forms.ValidationError(self.error_messages["plain"], code="plain")
+        return super().to_python(value)
 
 
 def _gpu_type_choices() -> list[tuple[str, str]]:
@@ -30,7 +47,7 @@ class IssueCreditsForm(forms.Form):
     )
     source = forms.ChoiceField(choices=BucketSource.choices)
     kind = forms.ChoiceField(choices=BucketKind.choices)
-    credits = forms.DecimalField(
+    credits = PlainDecimalField(
         # The API's cap (the ledger's MAX_AMOUNT), in credits; issue_credits refuses more anyway.
         min_value=Decimal("0.000001"), max_value=MAX_CREDITS, max_digits=18, decimal_places=6,
         help_text=f"In credits (1 credit = 1,000,000 micro-credits), at most {MAX_CREDITS:,}.",

@@ -3,9 +3,10 @@
 Runs periodically (Celery beat), never on the heartbeat path. Each charge is
 `cost(billable now) - cost(already captured)`, keyed by the cumulative total, so a repeated or
 concurrent run captures nothing twice. When what is left on the hold would not cover the next
-look-ahead window, the hold is extended by one window (DESIGN.md §4: renewed window by window) if
-funds and budgets allow; otherwise the attempt is stopped gracefully with reason `out_of_credit` and
-settled when it exits (or by the node sweep if it never reports).
+look-ahead window, the hold is extended by one window (DESIGN.md §4: renewed window by window), or
+back up to the look-ahead if a window is less, if funds and budgets allow; otherwise the attempt
+is stopped gracefully with reason `out_of_credit` and settled when it exits (or by the node sweep
+if it never reports).
 """
 
 from __future__ import annotations
@@ -68,10 +69,16 @@ def max_cost(attempt: JobAttempt, job: Job) -> int:
     return cost(_window_ms(attempt, job.max_wall_seconds) + slack, attempt.rate_per_gpu_hour)
 
 
-def extension_amount(attempt: JobAttempt, job: Job, hold: Hold) -> int:
-    """One hold window's cost (org policy, else the default window), never beyond max wall time."""
+def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) -> int:
+    """One hold window's cost (org policy, else the default window), or what brings the hold back
+    up to the look-ahead when that is more; never beyond max wall time.
+
+    A window may be shorter than the look-ahead (an org's is at least 60 s, one charge interval;
+    the look-ahead is 2 charge intervals + a heartbeat + the stop's grace): one window per charge
+    would then only just keep pace with usage, never rebuild the margin a refused extension's
+    graceful stop runs on, and any late charge would leave usage past the hold (unfunded)."""
     window = job.org.hold_window_seconds or conf.seconds("METERING_EXTENSION_WINDOW_S")
-    wanted = cost(_window_ms(attempt, window), attempt.rate_per_gpu_hour)
+    wanted = max(cost(_window_ms(attempt, window), attempt.rate_per_gpu_hour), lookahead - hold.remaining)
     return max(0, min(wanted, max_cost(attempt, job) - hold.authorized))
 
 
@@ -140,7 +147,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     low_water = max(lookahead, -(-hold.authorized * percent // 100))
     if hold.remaining >= low_water:
         return ChargeResult(captured=captured, actions=tuple(actions))
-    amount = extension_amount(attempt, job, hold)
+    amount = extension_amount(attempt, job, hold, lookahead)
     if amount <= 0:
         # The hold already covers the whole max wall time; the agent enforces that limit.
         return ChargeResult(captured=captured, actions=tuple(actions))

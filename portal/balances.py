@@ -69,9 +69,12 @@ class BucketRow:
     spendable: int
     amounts: Amounts
     segments: list[Segment]
+    closed_at: datetime | None = None  # finance closed it (its expiry moved to then)
 
     @property
     def status_label(self) -> str:
+        if self.closed_at is not None:
+            return f"closed by finance {self.closed_at:%Y-%m-%d %H:%M} UTC"
         return self.status.replace("_", " ")
 
 
@@ -128,6 +131,7 @@ def _bucket_row(row: dict[str, Any], *, as_of: datetime, project_slugs: dict[int
         spendable=row["spendable"],
         amounts=amounts,
         segments=amounts.segments(),
+        closed_at=row.get("closed_at"),
     )
 
 

@@ -11,6 +11,7 @@ from portal.access import dashboard_scope, org_view_for, visible_orgs
 from portal.balances import org_balances
 from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
 from portal.selectors import user_jobs
+from scheduling.fleet_report import org_quotas
 from scheduling.models import Job, JobState
 from scheduling.selectors import standings_of
 
@@ -47,14 +48,19 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def org_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    """One org's balances; 404 (not 403) for orgs the user does not belong to."""
+    """One org's balances and concurrent-GPU quotas; 404 (not 403) for orgs the user does not belong to."""
     view = org_view_for(request.user, slug)
     if view is None:
         raise Http404("No such organization.")
+    projects = None if view.sees_whole_org else {project.pk for project in view.projects}
     return render(
         request,
         "portal/org.html",
-        {"org": org_balances(view), "can_see_dashboard": dashboard_scope(request.user) is not None},
+        {
+            "org": org_balances(view),
+            "quotas": org_quotas(view.org, projects),
+            "can_see_dashboard": dashboard_scope(request.user) is not None,
+        },
     )
 
 

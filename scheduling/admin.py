@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from config.errors import DomainError
 from config.history_admin import ViewOnlyHistoryAdmin
+from config.readonly_admin import ReadOnlyAdminMixin
 from scheduling.models import (
     Allocation,
     GpuPrice,
@@ -29,19 +30,6 @@ from scheduling.models import (
     Quota,
     SchedulerPass,
 )
-
-
-class ReadOnlyMixin:
-    """Rows written only by the scheduler, the agents and the services: look, never touch."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def _price_not_yet_in_effect(price: GpuPrice | None) -> bool:
@@ -145,7 +133,7 @@ class GpuPriceAdmin(AuditedSettingAdmin):
         return super().has_delete_permission(request, obj)
 
 
-class AllocationInline(ReadOnlyMixin, admin.TabularInline):
+class AllocationInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = Allocation
     fk_name = "node"
     fields = ("gpu_index", "attempt", "allocated_at", "released_at")
@@ -228,7 +216,7 @@ class QuotaAdmin(AuditedSettingAdmin):
     search_fields = ("org__slug", "project__slug")
 
 
-class AttemptInline(ReadOnlyMixin, admin.TabularInline):
+class AttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = JobAttempt
     fields = ("number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour", "scheduled_at",
               "started_at", "ended_at", "stop_reason", "outcome", "exit_code", "backfilled")
@@ -237,7 +225,7 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "name", "org", "project", "state", "held", "wait_reason", "gpu_count",
                     "priority_class", "attempt_count", "submitted_at")
     list_filter = ("state", "held", "held_by_operator", "wait_reason", "priority_class")
@@ -285,7 +273,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class JobAttemptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "job", "number", "state", "gpu_type", "gpu_count", "rate_per_gpu_hour",
                     "outcome", "scheduled_at", "ended_at")
     list_filter = ("state", "outcome", "gpu_type")
@@ -293,14 +281,14 @@ class JobAttemptAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(Allocation)
-class AllocationAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class AllocationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "node", "gpu_index", "attempt", "allocated_at", "released_at")
     list_filter = ("node__gpu_type",)
     list_select_related = ("node", "attempt")
 
 
 @admin.register(SchedulerPass)
-class SchedulerPassAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class SchedulerPassAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "started_at", "trigger", "pending", "placed", "backfilled", "preempted",
                     "waiting_changed", "conflicts", "load_ms", "core_ms", "write_ms", "total_ms")
     list_filter = ("trigger",)

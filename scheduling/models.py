@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 from simple_history.models import HistoricalRecords
@@ -24,11 +25,16 @@ class GpuType(models.Model):
         return self.name
 
 
+PRICE_MESSAGE = "A price must be positive: at least 1 micro-credit per GPU-hour."
+
+
 class GpuPrice(models.Model):
     """Price per GPU-hour of a GPU type, in micro-credits, from `effective_from` on."""
 
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="prices")
-    price_per_gpu_hour = models.BigIntegerField()
+    # Validated here too, so a form names the field (QA: the admin answered a price of 0 with the
+    # raw "Constraint “gpu_price_positive” is violated.").
+    price_per_gpu_hour = models.BigIntegerField(validators=[MinValueValidator(1, PRICE_MESSAGE)])
     effective_from = models.DateTimeField()
     history = HistoricalRecords()
 
@@ -38,7 +44,8 @@ class GpuPrice(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["gpu_type", "effective_from"], name="gpu_price_unique"),
             models.CheckConstraint(
-                condition=Q(price_per_gpu_hour__gt=0), name="gpu_price_positive"
+                condition=Q(price_per_gpu_hour__gt=0), name="gpu_price_positive",
+                violation_error_message=PRICE_MESSAGE,
             ),
         ]
 
@@ -218,7 +225,9 @@ class Job(models.Model):
     current_hold = models.ForeignKey(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    estimate = models.BigIntegerField(default=0)  # micro-credits held at submission
+    # Micro-credits for the whole max wall time at the price the hold was priced at (the hold
+    # itself may cover only the org's hold window); re-priced on requeue and on a dearer placement.
+    estimate = models.BigIntegerField(default=0)
     attempt_count = models.PositiveIntegerField(default=0)
     max_retries = models.PositiveIntegerField(default=3)
     not_before = models.DateTimeField(null=True, blank=True)  # retry backoff

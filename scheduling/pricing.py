@@ -203,9 +203,11 @@ def hold_amount(*, gpu_types: Sequence[str], gpu_count: int, seconds: int, at: d
 
 @dataclass(frozen=True, slots=True)
 class Quote:
-    """A hold's amount and the instants between which every price it used stays in effect."""
+    """A hold's amount, the price it used and the instants between which every price it used stays
+    in effect."""
 
     amount: int
+    rate: int  # the highest price per GPU-hour among the types: the one `amount` is priced at
     valid_from: datetime
     valid_until: datetime | None  # None: no later price of these types is scheduled
 
@@ -220,8 +222,10 @@ def hold_quote(*, gpu_types: Sequence[str], gpu_count: int, seconds: int, at: da
         raise NoPrice(missing or ["(none)"])
     found = [span for span in spans.values() if span is not None]
     untils = [until for _, _, until in found if until is not None]
+    rate = max(price for price, _, _ in found)
     return Quote(
-        amount=cost(seconds * 1000 * gpu_count, max(price for price, _, _ in found)),
+        amount=cost(seconds * 1000 * gpu_count, rate),
+        rate=rate,
         valid_from=max(since for _, since, _ in found),
         valid_until=min(untils) if untils else None,
     )

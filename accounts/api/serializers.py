@@ -3,7 +3,7 @@
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from accounts.models import Membership, Organization, OrgRole, Project
+from accounts.models import MIN_HOLD_WINDOW_SECONDS, Membership, Organization, OrgRole, Project
 from config.api.serializers import StrictCharField, StrictIntegerField, StrictSerializer
 
 SLUG_RE = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
@@ -28,7 +28,8 @@ class OrganizationCreateSerializer(StrictSerializer):
                                   help_text="Region code of the org's wallet.")
     owner = StrictCharField(required=False, min_length=1, max_length=150,
                             help_text="Username made the org's owner.")
-    hold_window_seconds = StrictIntegerField(required=False, min_value=60, max_value=30 * 24 * 3600)
+    hold_window_seconds = StrictIntegerField(required=False, min_value=MIN_HOLD_WINDOW_SECONDS,
+                                             max_value=30 * 24 * 3600)
     max_inflight_submissions = StrictIntegerField(required=False, min_value=1, max_value=10_000)
 
 

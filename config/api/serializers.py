@@ -16,12 +16,20 @@ from ledger.amounts import MAX_AMOUNT as MAX_AMOUNT
 class StrictSerializer(serializers.Serializer):
     """Unknown keys in the body are a 400 (a typo must never be silently ignored)."""
 
+    unknown_message = "Unknown field."
+
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+                raise serializers.ValidationError({name: [self.unknown_message] for name in unknown})
         return super().to_internal_value(data)
+
+
+class StrictQuerySerializer(StrictSerializer):
+    """Query parameters: an unknown one is named as such, as on the routes that take none."""
+
+    unknown_message = "Unknown query parameter."
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -96,7 +104,7 @@ class AwareDateTimeField(StrictDateTimeField):
 
 
 
-class PageQuerySerializer(StrictSerializer):
+class PageQuerySerializer(StrictQuerySerializer):
     """Query of a paginated list (unknown query parameters are rejected)."""
 
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)

@@ -10,6 +10,7 @@ from config.api.serializers import (
     AwareDateTimeField,
     StrictCharField,
     StrictIntegerField,
+    StrictQuerySerializer,
     StrictSerializer,
 )
 from ledger.clock import ledger_now
@@ -83,7 +84,7 @@ class BalanceSerializer(serializers.Serializer):
     )
 
 
-class BalanceQuerySerializer(StrictSerializer):
+class BalanceQuerySerializer(StrictQuerySerializer):
     """The balance routes' one query parameter; any other is a 400 (a typo must not be ignored)."""
 
     as_of = AwareDateTimeField(
@@ -120,12 +121,20 @@ class TransactionSerializer(serializers.ModelSerializer):
         fields = ["id", "kind", "key", "hold", "created_at", "memo", "request_id", "postings"]
 
 
-class TransactionQuerySerializer(StrictSerializer):
+class TransactionQuerySerializer(StrictQuerySerializer):
     since = AwareDateTimeField(required=False)
     until = AwareDateTimeField(required=False)
     kind = serializers.ChoiceField(required=False, choices=TransactionKind.choices)
     page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+
+    def validate(self, attrs: dict) -> dict:
+        # A reversed range is a mistake, not a question with an empty answer (QA: it was a 200 with
+        # no rows). Equal bounds are an empty range of [since, until): allowed, as in the job list.
+        since, until = attrs.get("since"), attrs.get("until")
+        if since and until and until < since:
+            raise serializers.ValidationError({"until": ["Must not be before since."]})
+        return attrs
 
 
 class CreditIssueSerializer(StrictSerializer):
@@ -164,7 +173,7 @@ class BucketSerializer(BucketBalanceSerializer):
         return bool(getattr(bucket, "replayed", False))
 
 
-class StatementQuerySerializer(StrictSerializer):
+class StatementQuerySerializer(StrictQuerySerializer):
     month = serializers.RegexField(MONTH_PATTERN, required=False,
                                    help_text="YYYY-MM (UTC); default: the month in progress.")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False,

@@ -167,7 +167,9 @@ def void_credits(
     it and what its running jobs give back later expires with it instead of becoming spendable
     again: the release rule of DESIGN.md section 4, which the Python and the SQL paths both apply.
     Without it, credits that come back are available again (QA: a voided bucket kept paying for
-    new jobs). Returns the void's transaction, or None when there was only the closing to do."""
+    new jobs). Only a bucket in effect is closed: one not in effect yet needs no closing (nothing
+    can be held on it, and its expiry cannot move before its start), one expired has ended already.
+    Returns the void's transaction, or None when there was only the closing to do."""
     if amount is not None:
         check_amount(amount)
     if not reason or not reason.strip():

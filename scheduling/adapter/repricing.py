@@ -86,7 +86,9 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
             extend_hold(hold=hold, amount=need, key=key)
     except DomainError as refusal:
         return f"topping the hold up by {need} was refused: {refusal.detail}"
-    Job.objects.filter(pk=place.job_id).update(estimate=hold.authorized + need)
+    # The run's rate is fixed at placement: its estimate is now its max wall time at that rate.
+    estimate = cost(_gpus(place) * row.max_wall_seconds * 1000, place.rate_micro_per_gpu_hour)
+    Job.objects.filter(pk=place.job_id).update(estimate=estimate)
     events.append(NewEvent(
         actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.hold.top_up", subject_type="job",
         subject_id=place.job_id, org_id=row.org_id, reason_code="price-rose",

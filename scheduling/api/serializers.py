@@ -9,6 +9,7 @@ from config.api.serializers import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
+    StrictQuerySerializer,
     StrictSerializer,
 )
 from ledger.models import Hold
@@ -146,7 +147,7 @@ WAIT_REASON_PATTERN = (
 )
 
 
-class JobListQuerySerializer(StrictSerializer):
+class JobListQuerySerializer(StrictQuerySerializer):
     """Filters of the job list, as Slurm's `sacct` offers them (all optional, combined with AND)."""
 
     project = serializers.IntegerField(required=False, min_value=1, max_value=2**53)
@@ -172,6 +173,13 @@ class JobListQuerySerializer(StrictSerializer):
         if isinstance(data, dict) and isinstance(data.get("state"), str):
             data = {**data, "state": [s for s in data["state"].split(",") if s]}
         return super().to_internal_value(data)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """A window that ends before it starts is a mistake, not an empty list (as on the journal)."""
+        since, until = attrs.get("submitted_since"), attrs.get("submitted_until")
+        if since and until and until < since:
+            raise serializers.ValidationError({"submitted_until": ["Must not be before submitted_since."]})
+        return attrs
 
 
 _DATETIME = serializers.DateTimeField(read_only=True)
@@ -319,3 +327,61 @@ class OrgFairShareSerializer(ShareLevelSerializer):
     computed_at = serializers.DateTimeField()
     half_life_seconds = serializers.FloatField()
     projects = ShareProjectSerializer(many=True)
+
+
+class NextPriceSerializer(serializers.Serializer):
+    price_per_gpu_hour = serializers.IntegerField(help_text="Micro-credits per GPU-hour.")
+    effective_from = serializers.DateTimeField()
+
+
+class NodeCountsSerializer(serializers.Serializer):
+    ready = serializers.IntegerField()
+    draining = serializers.IntegerField()
+    unknown = serializers.IntegerField()
+    down = serializers.IntegerField()
+
+
+class GpuTypeSerializer(serializers.Serializer):
+    """A GPU type on offer, its price and its capacity now (Slurm's sinfo)."""
+
+    name = serializers.CharField()
+    memory_gb = serializers.IntegerField(help_text="Memory per GPU.")
+    price_per_gpu_hour = serializers.IntegerField(
+        allow_null=True,
+        help_text="Micro-credits per GPU-hour now; a job's run keeps the price it was placed at.",
+    )
+    price_effective_from = serializers.DateTimeField(allow_null=True)
+    next_price = NextPriceSerializer(allow_null=True, help_text="The next scheduled price, if any.")
+    regions = serializers.ListField(child=serializers.CharField())
+    nodes = NodeCountsSerializer(help_text="Nodes by the state the scheduler sees (a cordon first).")
+    gpus = serializers.IntegerField(help_text="GPUs of every node of the type.")
+    ready_gpus = serializers.IntegerField(help_text="GPUs of ready nodes: what the scheduler places on.")
+    in_use_gpus = serializers.IntegerField(help_text="GPUs allocated to jobs now, on any node.")
+    free_gpus = serializers.IntegerField(help_text="GPUs of ready nodes not allocated now.")
+    largest_free_on_one_node = serializers.IntegerField(
+        help_text="The largest gang that fits one ready node now (bigger gangs span an IB group)."
+    )
+
+
+class GpuTypesSerializer(serializers.Serializer):
+    computed_at = serializers.DateTimeField()
+    gpu_types = GpuTypeSerializer(many=True)
+
+
+class QuotaStatusSerializer(serializers.Serializer):
+    """A concurrent-GPU quota and its use now (Kueue's ClusterQueue status)."""
+
+    gpu_type = serializers.CharField()
+    project = serializers.IntegerField(allow_null=True, help_text="null: the quota covers the whole org.")
+    project_slug = serializers.CharField(allow_null=True)
+    max_gpus = serializers.IntegerField(help_text="GPUs of the type its jobs may hold at once.")
+    in_use_gpus = serializers.IntegerField(help_text="GPUs its placed and running jobs hold now.")
+    available_gpus = serializers.IntegerField(help_text="max_gpus - in_use_gpus, at least 0.")
+    queued_jobs = serializers.IntegerField(help_text="Its queued jobs that could run on the type.")
+    queued_gpus = serializers.IntegerField(help_text="The GPUs those jobs ask for.")
+
+
+class OrgQuotasSerializer(serializers.Serializer):
+    org = serializers.IntegerField()
+    computed_at = serializers.DateTimeField()
+    quotas = QuotaStatusSerializer(many=True)

@@ -1,8 +1,9 @@
-"""`/api/v1/jobs` routes."""
+"""`/api/v1/jobs` routes, the fair-share and quota reports, and the GPU types on offer."""
 
 from django.urls import path
 
 from scheduling.api.views import (
+    GpuTypesView,
     JobCancelView,
     JobDetailView,
     JobHoldView,
@@ -10,6 +11,7 @@ from scheduling.api.views import (
     JobPriorityView,
     JobReleaseView,
     OrgFairShareView,
+    OrgQuotasView,
 )
 
 urlpatterns = [
@@ -20,4 +22,6 @@ urlpatterns = [
     path("jobs/<int:job_id>/hold", JobHoldView.as_view(), name="job-hold"),
     path("jobs/<int:job_id>/release", JobReleaseView.as_view(), name="job-release"),
     path("orgs/<int:org_id>/fair-share", OrgFairShareView.as_view(), name="org-fair-share"),
+    path("orgs/<int:org_id>/quotas", OrgQuotasView.as_view(), name="org-quotas"),
+    path("gpu-types", GpuTypesView.as_view(), name="gpu-types"),
 ]

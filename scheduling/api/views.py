@@ -16,7 +16,9 @@ from accounts.selectors import (
     can_submit,
     get_visible_org,
     get_visible_project_for_submit,
+    is_finance,
     job_write_refusal,
+    org_role,
     require_org_reader,
     visible_projects,
 )
@@ -24,19 +26,23 @@ from config import metrics
 from config.api.idempotency import key_of, run_idempotent, run_in_one_statement
 from config.api.ratelimit import enforce_org_limit, hit, principal_identity, submission_gate
 from config.api.serializers import no_query, query_of, validated
+from config.clock import db_now
 from ledger.selectors import attach_release_split
 from scheduling.api.serializers import (
+    GpuTypesSerializer,
     JobDetailSerializer,
     JobListQuerySerializer,
     JobPrioritySerializer,
     JobSerializer,
     JobSubmitSerializer,
     OrgFairShareSerializer,
+    OrgQuotasSerializer,
     render_hold_summary,
     render_job_priority,
     render_new_job,
 )
 from scheduling.fairshare_report import org_fair_share
+from scheduling.fleet_report import gpu_types, org_quotas
 from scheduling.models import Job, JobAttempt
 from scheduling.selectors import job_standing
 from scheduling.services.holding import hold_job, release_job
@@ -218,6 +224,43 @@ class OrgFairShareView(GenericAPIView):
         org = get_visible_org(request.user, org_id)
         require_org_reader(request.user, org)
         return Response(OrgFairShareSerializer(org_fair_share(org)).data)
+
+
+class GpuTypesView(GenericAPIView):
+    serializer_class = GpuTypesSerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(
+        operation_id="gpu_types", responses=GpuTypesSerializer,
+        description="The GPU types on offer: memory, price per GPU-hour now and the next scheduled "
+        "price, regions, nodes by state, and GPUs ready, in use and free now, with the largest gang "
+        "free on one node (Slurm's sinfo). Any signed-in caller.",
+    )
+    def get(self, request: Request) -> Response:
+        no_query(request)
+        return Response(GpuTypesSerializer({"computed_at": db_now(), "gpu_types": gpu_types()}).data)
+
+
+class OrgQuotasView(GenericAPIView):
+    serializer_class = OrgQuotasSerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(
+        operation_id="orgs_quotas", responses=OrgQuotasSerializer,
+        description="The org's concurrent-GPU quotas, org-wide and per project, each with the GPUs its "
+        "jobs hold now, what is left, and the queued jobs that could run on the type (Kueue's "
+        "ClusterQueue status). Org members and finance see every quota; a project-only member sees "
+        "the org-wide ones and those of the projects they belong to.",
+    )
+    def get(self, request: Request, org_id: int) -> Response:
+        no_query(request)
+        org = get_visible_org(request.user, org_id)
+        org_wide = is_finance(request.user) or org_role(request.user, org.pk) is not None
+        projects = None if org_wide else set(
+            visible_projects(request.user).filter(org=org).values_list("id", flat=True)
+        )
+        body = {"org": org.pk, "computed_at": db_now(), "quotas": org_quotas(org, projects)}
+        return Response(OrgQuotasSerializer(body).data)
 
 
 class _JobActionView(GenericAPIView):

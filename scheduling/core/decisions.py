@@ -46,13 +46,15 @@ Decision = Place | Preempt | Skip
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """GPUs promised to a blocked job from `start_at`; backfill never uses them past that time."""
+    """GPUs promised to a blocked job from `start_at`; backfill never uses them past that time.
+    A `quota` reservation promises no GPUs (`allocations` is empty): only the job's room under its
+    concurrent-GPU quotas on the type, which later jobs of its org or project never take past then."""
 
     job_id: int
     gpu_type: str
     start_at: float
     allocations: Allocation
-    kind: Literal["backfill", "preemption"]
+    kind: Literal["backfill", "preemption", "quota"]
 
 
 @dataclass(slots=True)

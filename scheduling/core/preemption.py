@@ -131,6 +131,11 @@ class VictimIndex:
                 have -= on(job)
         return chosen
 
+    def usable(self, job: RunningJob, gpu_type: str, rank: int, priority: float, min_left: float) -> bool:
+        """Whether `job` is a candidate (on ready nodes; signalled, or past its exemption) that may be a
+        victim of a job of class `rank` and `priority` (see `_usable`)."""
+        return job.id in self.rank and self._usable(job, gpu_type, rank, priority, min_left)
+
     def _usable(self, job: RunningJob, gpu_type: str, rank: int, priority: float, min_left: float) -> bool:
         """Whether `job` may be a victim of a job of class `rank` and `priority` (see `plan`)."""
         if job.id in self.claimed or job.gpu_type != gpu_type or self.rank[job.id] >= rank:
@@ -152,18 +157,22 @@ class VictimIndex:
         min_left: float,
         owner: tuple[int, int],
         deficits: tuple[int, int],
+        gone_by: float = 0.0,
     ) -> Plan | None:
         """Victims among the preemptor's own org's and project's jobs on `gpu_type` whose exit
         brings their concurrent-GPU use under quota for a gang of g (Kueue's preemption within a
         queue), or None. `owner` = (org id, project id); `deficits` = GPUs that must be freed at
         the (org, project) level. Same victim rules as `plan` (strictly lower class, below the
         preemptor if queued again, `min_left`); jobs already signalled count first. The gang must
-        also fit the GPUs free now plus the victims' (without other victims: no mixed plans)."""
+        also fit the GPUs free now plus the victims' (without other victims: no mixed plans). A job
+        not yet signalled that reaches its wall by `gone_by` frees its room by itself: not a victim
+        (the deficits do not count it either)."""
         org_id, project_id = owner
         need_org, need_project = deficits
         cands = sorted(
             (j for js in self.by_node.values() for j in js
-             if j.org_id == org_id and self._usable(j, gpu_type, rank, priority, min_left)),
+             if j.org_id == org_id and self._usable(j, gpu_type, rank, priority, min_left)
+             and (j.preemption_requested_at is not None or j.started_at + j.max_wall_seconds > gone_by)),
             key=self._key,
         )
         cands = list(dict.fromkeys(cands))  # a multi-node victim is listed once per node

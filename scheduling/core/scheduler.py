@@ -25,13 +25,14 @@ from scheduling.core.model import (
 )
 from scheduling.core.placement import FleetState
 from scheduling.core.preemption import Plan, VictimIndex
+from scheduling.core.quota import QuotaBlock, QuotaBook
 from scheduling.core.standing import Standing
 
 # Unknown class names rank below every configured class and cannot preempt.
 _UNKNOWN_CLASS = PriorityClass("unknown", 0, preemptible_by_higher=True, can_preempt=False)
 FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
 _NONE: frozenset[int] = frozenset()
-Shape = tuple[tuple[str, ...], tuple[str, ...], int]
+Shape = tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]
 _NO_FREE_GANG = "no free gang of GPUs"
 
 
@@ -82,17 +83,11 @@ class _Pass:
             snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
         )
         self._accept_cache: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
-        # Quota counters start from what is running now, per (org|project, gpu type).
-        self.org_used: dict[tuple[int, str], int] = defaultdict(int)
-        self.proj_used: dict[tuple[int, str], int] = defaultdict(int)
-        for r in snap.running:
-            self.org_used[(r.org_id, r.gpu_type)] += r.gpu_count
-            self.proj_used[(r.project_id, r.gpu_type)] += r.gpu_count
+        self.quota = QuotaBook(snap.quotas, snap.running, snap.now, self.cfg.grace_seconds)
         self.fair = self.cfg.policy == "fair"
         self.do_backfill = self.cfg.policy == "fifo_backfill" or (self.fair and self.cfg.backfill)
         self.do_preempt = self.fair and self.cfg.preemption
         self.preempting = {c.name for c in self.cfg.priority_classes if c.can_preempt and self.do_preempt}
-        self.has_quotas = bool(snap.quotas.org or snap.quotas.project)
         self.blocked_by: int | None = None
         self.candidates_after_block = 0
         self.fail_min: dict[FailKey, int] = {}
@@ -203,7 +198,7 @@ class _Pass:
                 or not self.acceptable(job)
                 or job.gpu_count <= 0
                 or self.candidates_after_block >= cap
-                or self.has_quotas
+                or self.quota.active
                 or (job.priority_class in self.preempting and not self.preemption_exhausted())
             ):
                 self.consider(job)
@@ -220,25 +215,32 @@ class _Pass:
         self.result.decisions.append(Skip(job.id, code, detail))
         self.result.wait_reasons[job.id] = code
 
-    def quota_ok(self, job: PendingJob, gpu_type: str) -> bool:
-        q = self.snap.quotas
-        lim = q.org.get((job.org_id, gpu_type))
-        if lim is not None and self.org_used[(job.org_id, gpu_type)] + job.gpu_count > lim:
-            return False
-        lim = q.project.get((job.project_id, gpu_type))
-        return lim is None or self.proj_used[(job.project_id, gpu_type)] + job.gpu_count <= lim
-
-    def quota_detail(self, job: PendingJob, types: list[str]) -> str:
-        """Which quota binds on each type, e.g. "concurrent-GPU quota: H100 project 6 of 8 in use,
-        A100 org 4 of 4 in use; needs 4" (the first binding level per type)."""
-        q, parts = self.snap.quotas, []
-        for t in types:
-            lim, used, who = q.org.get((job.org_id, t)), self.org_used[(job.org_id, t)], "org"
-            if lim is None or used + job.gpu_count <= lim:
-                key = (job.project_id, t)
-                lim, used, who = q.project.get(key), self.proj_used[key], "project"
-            parts.append(f"{t} {who} {used} of {lim} in use")
-        return f"concurrent-GPU quota: {', '.join(parts)}; needs {job.gpu_count}"
+    def quota_wait(self, job: PendingJob, blocks: list[QuotaBlock], walls: dict[str, float]) -> None:
+        """A job its quotas hold back on every type: it preempts its own lower-class jobs if it
+        may (on the types whose quota it is over itself). Else it waits, with a reservation of its
+        quota room unless one is made on the scope already, behind the job a claim promises the
+        room to (`reserved-for-job-N`) or for its quota (`quota`)."""
+        over = [b.gpu_type for b in blocks if b.holder is None]
+        if (
+            over
+            and job.priority_class in self.preempting
+            and not self.preemption_exhausted()
+            and self.try_quota_preempt(job, over, walls)
+        ):
+            return None
+        res = self.reserve_quota(job, [b.gpu_type for b in blocks], walls)
+        held = next((b for b in blocks if b.holder is not None), None)
+        if held is not None:
+            code = reasons.reserved_for(held.holder)
+            detail = (
+                f"fits under its {held.level}'s concurrent-GPU quota on {held.gpu_type} only by delaying "
+                f"job {held.holder}"
+            )
+        else:
+            code, detail = reasons.QUOTA, self.quota.detail(job, list(walls))
+        if res is not None:
+            detail += f"; quota reserved for it from {reasons.utc_time(res.start_at)} on {res.gpu_type}"
+        return self.skip(job, code, detail)
 
     def consider(self, job: PendingJob) -> None:
         if not job.budget_ok:
@@ -252,15 +254,40 @@ class _Pass:
             if self.candidates_after_block > self.cfg.backfill_max_candidates:
                 return self.skip(job, reasons.PRIORITY, "beyond the backfill candidate cap")
         walls = self.walls(job)
-        types = [t for t in walls if self.quota_ok(job, t)] if self.has_quotas else list(walls)
-        if not types:
-            if (
-                job.priority_class in self.preempting
-                and not self.preemption_exhausted()
-                and self.try_quota_preempt(job, list(walls), walls)
-            ):
-                return None
-            return self.skip(job, reasons.QUOTA, self.quota_detail(job, list(walls)))
+        if self.quota.active:
+            types, blocks = [], []
+            for t, wall in walls.items():
+                block = self.quota.block(job, t, self.now + wall)
+                if block is None:
+                    types.append(t)
+                else:
+                    blocks.append(block)
+            if not types:
+                return self.quota_wait(job, blocks, walls)
+            if blocks:  # held back on some of its types only: see keep_quota_room
+                self._consider_types(job, types, walls)
+                return self.keep_quota_room(job, [b.gpu_type for b in blocks], walls)
+        else:
+            types = list(walls)
+        return self._consider_types(job, types, walls)
+
+    def keep_quota_room(self, job: PendingJob, blocked: list[str], walls: dict[str, float]) -> None:
+        """A job its quota holds back on some types (its first choice, say) went the GPU way on
+        the others. If it waits after all, its room on the blocked types is reserved too (unless
+        taken), so later jobs of its scope cannot keep it off them (review: they could)."""
+        last = self.result.decisions[-1] if self.result.decisions else None
+        if (
+            not isinstance(last, Skip)
+            or last.job_id != job.id
+            or last.reason_code == reasons.WAITING_FOR_PREEMPTION
+        ):
+            return
+        res = self.reserve_quota(job, blocked, walls)
+        if res is not None:
+            note = f"; quota reserved for it from {reasons.utc_time(res.start_at)} on {res.gpu_type}"
+            self.result.decisions[-1] = Skip(job.id, last.reason_code, last.detail + note)
+
+    def _consider_types(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> None:
         # The fastest type is never deferred, so it is also the fastest of the types kept.
         fastest = min(types, key=walls.__getitem__) if self.fair else types[0]
         # Once the pass's victim searches are used up, try_preempt returns False at once without
@@ -275,7 +302,9 @@ class _Pass:
         # every type, fails the same way, as long as no GPU was placed and no mask changed since.
         shape: Shape | None = None
         if self.blocked_by is not None and not can_preempt:
-            shape = (tuple(types), job.regions, job.gpu_count)
+            # The acceptable types too: a detail's note reads them, and quotas can leave two jobs
+            # that accept different types with the same types to try.
+            shape = (tuple(types), job.regions, job.gpu_count, self.acceptable(job))
             hit = self._shape_fail.get(shape)
             if hit is not None and all(walls[t] >= w for t, w in zip(types, hit[0], strict=True)):
                 self.note_waiting(job, fastest, walls)
@@ -297,13 +326,20 @@ class _Pass:
         if first_block:
             self.blocked_by = job.id
         if self.do_backfill and self.n_backfill_res < self.cfg.max_reservations:
-            res = self.reserve(job, types)
-            if res is not None:
+            res = self.reserve(job, types, walls)
+            if isinstance(res, Reservation):
                 return self.skip(
                     job,
                     reasons.RESOURCES,
                     f"reserved: earliest start {reasons.utc_time(res.start_at)} on {res.gpu_type}{exempt}",
                 )
+            if res is not None:
+                block, start = res
+                detail = (
+                    f"{_NO_FREE_GANG}; reserving GPUs from {reasons.utc_time(start)} on {block.gpu_type} "
+                    f"would take {block.level} quota room promised to job {block.holder}{exempt}"
+                )
+                return self.skip(job, reasons.RESOURCES, detail)
             detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
         detail = _NO_FREE_GANG + self._unfit_note(job) + exempt
@@ -497,42 +533,79 @@ class _Pass:
         self._shape_fail.clear()
 
     def place(self, job: PendingJob, gpu_type: str, alloc: Allocation, wall: float) -> None:
-        backfilled = self.blocked_by is not None
+        # After a blocked job, or beside quota room promised to one: either way it went ahead.
+        backfilled = self.blocked_by is not None or (
+            self.quota.active and self.quota.has_claims(job, gpu_type)
+        )
         price = self.snap.gpu_types[gpu_type].price_per_gpu_hour_micro
         code = reasons.BACKFILLED if backfilled else reasons.PLACED
         self.result.decisions.append(Place(job.id, gpu_type, alloc, backfilled, code, price, wall))
         self._shape_fail.clear()
-        self.org_used[(job.org_id, gpu_type)] += job.gpu_count
-        self.proj_used[(job.project_id, gpu_type)] += job.gpu_count
+        self.quota.take(job, gpu_type, self.now + wall)
         for node_id, idx in alloc:
             self.placed_releases[gpu_type].append((self.now + wall, node_id, idx))
 
     # -- reservations ---------------------------------------------------------------------------
-    def reserve(self, job: PendingJob, types: list[str]) -> Reservation | None:
+    def reserve(
+        self, job: PendingJob, types: list[str], walls: dict[str, float]
+    ) -> Reservation | tuple[QuotaBlock, float] | None:
+        """The EASY reservation at the job's earliest start, on the type where that comes first.
+        Its quota room is checked over the run it reserves (from that start, not from now): when
+        it would take room promised to another job, no reservation is made, and (the first such
+        refusal, with its start) is returned instead."""
         if self.base_releases is None:
             self.base_releases = releases_by_type(
                 self.snap.running, self.state, self.now, self.cfg.grace_seconds
             )
         best: tuple[float, str, Allocation] | None = None
+        refused: tuple[QuotaBlock, float] | None = None
         for t in types:
             if self.res_by_type.get(t):
                 continue  # one reservation per type keeps the EASY guarantee simple to reason about
             rel = self.base_releases.get(t, []) + self.placed_releases.get(t, [])
             found = earliest_start(self.state, t, job.gpu_count, job.regions, rel, self.excluded)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], t, found[1])
+            if found is None or (best is not None and found[0] >= best[0]):
+                continue
+            block = None
+            if self.quota.active:
+                block = self.quota.block(job, t, found[0] + walls[t], start=found[0])
+            if block is not None:
+                refused = refused or (block, found[0])
+                continue
+            best = (found[0], t, found[1])
         if best is None:
-            return None
+            return refused
         res = Reservation(job.id, best[1], best[0], best[2], "backfill")
-        self.add_reservation(res)
+        self.add_reservation(job, res)
         self.n_backfill_res += 1
         return res
 
-    def add_reservation(self, res: Reservation) -> None:
+    def add_reservation(self, job: PendingJob, res: Reservation) -> None:
+        """Mask the reserved GPUs, and claim the job's quota room from the same time."""
         self.state.mask(res.job_id, res.allocations)
         self._masks_changed(res.gpu_type)
         self.res_by_type[res.gpu_type].append(res)
         self.result.reservations.append(res)
+        self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + self.walls(job)[res.gpu_type])
+
+    def reserve_quota(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> Reservation | None:
+        """Promise the job its quota room on the type where it frees first (as running jobs of
+        its scopes reach their max wall, beside the claims made), unless a quota reservation is
+        made already on a scope that holds it back: one per scope and type, as EASY makes one per
+        type. No GPU is masked."""
+        best: tuple[float, str] | None = None
+        for t in types:
+            if not self.quota.reservable(job, t, self.now + walls[t]):
+                continue
+            start = self.quota.earliest_start(job, t)
+            if start is not None and (best is None or start < best[0]):
+                best = (start, t)
+        if best is None:
+            return None
+        res = Reservation(job.id, best[1], best[0], (), "quota")
+        self.result.reservations.append(res)
+        self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + walls[res.gpu_type])
+        return res
 
     # -- preemption -----------------------------------------------------------------------------
     def victim_index(self) -> VictimIndex:
@@ -554,28 +627,38 @@ class _Pass:
         """A job held back only by its org's or project's concurrent-GPU quota may preempt lower-class
         jobs of that same org/project on the type (Kueue's preemption within a queue): they make
         room under the quota, and never another tenant's jobs."""
-        victims, q, g = self.victim_index(), self.snap.quotas, job.gpu_count
+        victims, g = self.victim_index(), job.gpu_count
         rank = self.cls(job.priority_class).rank
         for t in types:
             if self.preemption_exhausted():
                 return False
-            org_cap, project_cap = q.org.get((job.org_id, t)), q.project.get((job.project_id, t))
-            deficits = (
-                0 if org_cap is None else max(0, self.org_used[(job.org_id, t)] + g - org_cap),
-                0 if project_cap is None else max(0, self.proj_used[(job.project_id, t)] + g - project_cap),
-            )
+            # Over the run as it would be: from when new victims would have gone, a grace away.
+            start = self.now + self.cfg.grace_seconds
+            min_left, prio = self.cfg.preemption_min_gain * walls[t], self.prio[job.id]
+
+            def victim(r: RunningJob, t: str = t, min_left: float = min_left, prio: float = prio) -> bool:
+                return victims.usable(r, t, rank, prio, min_left)
+
+            deficits = self.quota.deficits(job, t, start, start + walls[t], victim)
+            if deficits == (0, 0):
+                continue  # jobs reaching their wall by then make the room: it waits for them
             self.preempt_attempts += 1
             plan = victims.quota_plan(
-                self.state, t, g, job.regions, rank, self.prio[job.id],
-                self.cfg.preemption_min_gain * walls[t], (job.org_id, job.project_id), deficits,
+                self.state, t, g, job.regions, rank, prio, min_left, (job.org_id, job.project_id), deficits,
+                gone_by=start,
             )
-            if plan is not None and self._signal(job, t, plan, reasons.PREEMPTED_FOR_QUOTA, " (own quota)"):
+            if plan is not None and self._signal(
+                job, t, plan, reasons.PREEMPTED_FOR_QUOTA, " (own quota)", not_before=start
+            ):
                 return True
         return False
 
-    def _signal(self, job: PendingJob, t: str, plan: Plan, code: str, why: str = "") -> bool:
-        """Signal the plan's new victims, claim its GPUs, reserve them for `job`, and tell it why
-        it waits; False (nothing done) when the pass's preemption budget would be exceeded."""
+    def _signal(
+        self, job: PendingJob, t: str, plan: Plan, code: str, why: str = "", not_before: float = 0.0
+    ) -> bool:
+        """Signal the plan's new victims, claim its GPUs, reserve them for `job` from their exit (not
+        before `not_before`), and tell it why it waits; False (nothing done) when the pass's
+        preemption budget would be exceeded."""
         new = [v for v in plan.victims if v.preemption_requested_at is None]
         if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
             return False
@@ -585,14 +668,15 @@ class _Pass:
         grace = self.cfg.grace_seconds
         for v in new:
             self.result.decisions.append(Preempt(v.id, v.attempt_id, job.id, grace, code))
-        start = max(self._exit_by(v) for v in plan.victims)
-        self.add_reservation(Reservation(job.id, t, start, plan.allocations, "preemption"))
+        start = max(not_before, *(self._exit_by(v) for v in plan.victims))
+        self.add_reservation(job, Reservation(job.id, t, start, plan.allocations, "preemption"))
         ids = ",".join(str(v.id) for v in plan.victims)
         self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit{why}")
         return True
 
     def victims_claim(self, v: RunningJob) -> None:
         self.victim_index().claimed.add(v.id)
+        self.quota.leave(v, self._exit_by(v))
         for node_id, idx in v.allocations:
             self.excluded.update((node_id, i) for i in idx)
 
@@ -613,6 +697,10 @@ class _Pass:
                 if not min_left:  # with a gain rule the outcome also depends on the job's wall
                     self.preempt_fail_min[key] = min(job.gpu_count, known or job.gpu_count)
                 continue
+            if self.quota.active:
+                start = max((self._exit_by(v) for v in plan.victims), default=self.now)
+                if self.quota.block(job, t, start + walls[t], start=start) is not None:
+                    continue  # it could not start then either: the room is promised to another job
             if self._signal(job, t, plan, reasons.PREEMPTED_FOR_PRIORITY):
                 return True
         return False

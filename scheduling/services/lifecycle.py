@@ -416,7 +416,7 @@ def funding_retry_at(now: datetime) -> datetime:
 
 def fund_job(*, job: Job) -> bool:
     """Give a queued job without a hold a fresh one; on a funding/budget refusal, mark it waiting."""
-    from scheduling.services.reservation import reserve_job_hold
+    from scheduling.services.reservation import hold_seconds, price_job_hold, reserve_job_hold
 
     key = f"job:{job.pk}:attempt:{job.attempt_count + 1}:hold"
     try:
@@ -439,8 +439,11 @@ def fund_job(*, job: Job) -> bool:
                          "retry_at": reasons.utc_time(retry_at.timestamp())})
         job.wait_reason, job.wait_detail, job.not_before = reasons.BUDGET, detail, retry_at
         return False
-    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=hold.authorized)
-    job.current_hold, job.estimate = hold, hold.authorized
+    # Without a hold window the hold is the whole run; with one, the run is priced (at today's prices).
+    windowed = hold_seconds(job) < job.max_wall_seconds
+    estimate = price_job_hold(job, whole_run=True) if windowed else hold.authorized
+    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=estimate)
+    job.current_hold, job.estimate = hold, estimate
     return True
 
 

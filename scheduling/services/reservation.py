@@ -11,7 +11,7 @@ from ledger.models import Hold
 from ledger.services import CallerEvent, place_hold
 from scheduling.core.feasibility import Never, why_never_fits, why_over_quota
 from scheduling.models import Job
-from scheduling.pricing import Catalog, catalog, catalog_knowing, hold_amount
+from scheduling.pricing import Catalog, catalog, catalog_knowing, cost, hold_amount
 
 
 class NoEligibleGpuType(DomainError):
@@ -83,15 +83,27 @@ def eligible_gpu_types(job: Job) -> list[str]:
 
 
 def hold_seconds(job: Job) -> int:
-    """Max wall time, or the org's hold window when that is shorter (renewed as the job runs)."""
+    """Max wall time, or the org's hold window when that is shorter (renewed as the job runs).
+    No window (null) holds the whole max wall time; a window is at least 60 s (a CHECK, which
+    also refuses the 0 once read here as "no window")."""
     window = job.org.hold_window_seconds
     return min(job.max_wall_seconds, window) if window else job.max_wall_seconds
 
 
-def price_job_hold(job: Job, gpu_types: list[str] | None = None, at: datetime | None = None) -> int:
+def run_estimate(job: Job, rate: int) -> int:
+    """The job's `estimate`: its whole max wall time on its GPUs at `rate` (the price its hold is
+    priced at), also when the hold covers only the org's hold window of it."""
+    return cost(job.max_wall_seconds * 1000 * job.gpu_count, rate)
+
+
+def price_job_hold(
+    job: Job, gpu_types: list[str] | None = None, at: datetime | None = None, *, whole_run: bool = False
+) -> int:
+    """The job's hold at the highest current price among its eligible types; `whole_run`: its
+    whole max wall time (its `estimate`) even when the hold covers only the org's hold window."""
     return hold_amount(
         gpu_types=gpu_types or eligible_gpu_types(job), gpu_count=job.gpu_count,
-        seconds=hold_seconds(job), at=at,
+        seconds=job.max_wall_seconds if whole_run else hold_seconds(job), at=at,
     )
 
 

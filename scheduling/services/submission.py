@@ -19,10 +19,16 @@ from config.errors import DomainError
 from ledger.services import CallerEvent
 from scheduling.core import reasons
 from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass
-from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_amount
+from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_quote
 from scheduling.services import dependencies
 from scheduling.services.holding import held_detail
-from scheduling.services.reservation import check_can_ever_run, eligible_types, hold_seconds, place_job_hold
+from scheduling.services.reservation import (
+    check_can_ever_run,
+    eligible_types,
+    hold_seconds,
+    place_job_hold,
+    run_estimate,
+)
 
 logger = logging.getLogger(__name__)
 _CURRENT_HOLD = Job._meta.get_field("current_hold").column
@@ -215,8 +221,8 @@ def submit_job(
         command=spec.command, regions=list(spec.regions), state=JobState.QUEUED, submitted_at=now,
     )
     job.org = project.org
-    seconds = hold_seconds(job)
-    job.estimate = amount = hold_amount(gpu_types=types, gpu_count=spec.gpu_count, seconds=seconds, at=now)
+    quote = hold_quote(gpu_types=types, gpu_count=spec.gpu_count, seconds=hold_seconds(job), at=now)
+    amount, job.estimate = quote.amount, run_estimate(job, quote.rate)
     after = dependencies.check(user=user, project=project, spec=spec) if spec.depends_on else None
     if after is not None:
         job.dependency = spec.dependency

@@ -37,7 +37,7 @@ from ledger.services import _sql as ledger_sql
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import catalog_knowing, hold_quote
 from scheduling.services import submission
-from scheduling.services.reservation import eligible_types, hold_seconds, why_never_runs
+from scheduling.services.reservation import eligible_types, hold_seconds, run_estimate, why_never_runs
 from scheduling.services.submission import JobSpec, validate_spec
 
 # SQLSTATEs after which the Python path decides: GBFBK (`jobs_submit`: a budget level would be
@@ -98,7 +98,7 @@ def submit_job_in_sql(
                            at=timezone.now())
     except DomainError:
         return None
-    job.estimate = quote.amount
+    job.estimate = run_estimate(job, quote.rate)
     hold_types = sorted(set(types))
     row = {column: getattr(job, attname) for column, attname in _job_columns()}
     audit = {"project": project.pk, "idempotency_key": idempotency_key[:255],

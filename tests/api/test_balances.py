@@ -33,7 +33,7 @@ def test_balance_routes_refuse_unknown_query_parameters(tenant: Tenant, query: s
         assert response.status_code == 400, url
         body = response.json()
         assert body["type"] == "validation-error"
-        assert body["errors"] == {query.split("=")[0]: ["Unknown field."]}
+        assert body["errors"] == {query.split("=")[0]: ["Unknown query parameter."]}
 
 
 @pytest.mark.parametrize("path", ["/orgs/{org}", "/projects/{project}", "/orgs/{org}/budget",

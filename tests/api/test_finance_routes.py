@@ -128,6 +128,23 @@ def test_transactions_are_paginated_and_filtered(api: APIClient, job_body: Any, 
     assert admin.get(f"/api/v1/orgs/{tenant.org.pk}/transactions?kind=bogus").status_code == 400
 
 
+def test_transactions_since_after_until_is_400_naming_until(api: APIClient, job_body: Any,
+                                                            tenant: Tenant) -> None:
+    """QA: a reversed range was an empty 200."""
+    send(api, "post", "/api/v1/jobs", job_body())
+    admin, url = client_for(tenant.admin), f"/api/v1/orgs/{tenant.org.pk}/transactions"
+    response = admin.get(url, {"since": "2026-02-01T00:00:00Z", "until": "2026-01-31T00:00:00Z"})
+    problem = response.json()
+    assert response.status_code == 400, problem
+    assert problem["type"] == "validation-error"
+    assert problem["errors"] == {"until": ["Must not be before since."]}
+    # The same instant written with two offsets is an empty range, not a reversed one.
+    same = admin.get(url, {"since": "2026-02-01T00:00:00+01:00", "until": "2026-01-31T23:00:00Z"})
+    assert same.status_code == 200 and same.json()["count"] == 0
+    everything = admin.get(url, {"since": "2000-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z"})
+    assert everything.json()["count"] == 2  # the issue and the job's hold
+
+
 def test_budgets_put_get_and_member_level(api: APIClient, job_body: Any, tenant: Tenant) -> None:
     admin = client_for(tenant.admin)
     url = f"/api/v1/projects/{tenant.project.pk}/members/{tenant.user.pk}/budget"

@@ -55,7 +55,15 @@ def test_filters_combine(api: APIClient, job_body: Callable, tenant: Tenant) -> 
     ("user=1&user=2", "user"),  # review: a repeated parameter kept only its last value, silently
     ("state=", "state"),  # QA: an empty state dropped the filter and listed every job
     ("wait_reason=bogus", "wait_reason"),  # QA: an unknown reason listed nothing, silently
+    # QA: a reversed window listed nothing, silently (the journal's answers 400 already).
+    ("submitted_since=2026-11-02T00:00:00Z&submitted_until=2026-11-01T00:00:00Z", "submitted_until"),
 ])
 def test_bad_filters_are_400(query: str, field: str, api: APIClient, tenant: Tenant) -> None:
     response = api.get(f"/api/v1/jobs?{query}")
     assert response.status_code == 400 and field in response.json()["errors"], response.content
+
+
+def test_an_unknown_parameter_is_named_as_one(api: APIClient) -> None:
+    """QA: `?statee=queued` said "Unknown field.", as a body would; docs/api.md says otherwise."""
+    response = api.get("/api/v1/jobs?statee=queued")
+    assert response.json()["errors"] == {"statee": ["Unknown query parameter."]}

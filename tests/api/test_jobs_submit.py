@@ -60,11 +60,18 @@ def test_hold_skips_types_below_memory_floor(api: APIClient, job_body: Callable)
     assert "gpu_memory_gb" in response.json()["errors"]
 
 
-def test_hold_covers_only_the_org_hold_window(api: APIClient, job_body: Callable, tenant: Tenant) -> None:
+@pytest.mark.parametrize("in_sql", [True, False])
+def test_hold_covers_only_the_org_hold_window(api: APIClient, job_body: Callable, tenant: Tenant,
+                                              settings: Any, in_sql: bool) -> None:
+    """The estimate still prices the whole max wall time (QA: it showed the first window's hold),
+    on both submission paths."""
+    settings.JOBS_SUBMIT_IN_SQL = in_sql
     tenant.org.hold_window_seconds = 900
     tenant.org.save()
-    response = post(api, job_body(max_wall_seconds=10 * 3600, gpu_count=1))
-    assert response.json()["estimate"] == H100_PRICE // 4
+    body = post(api, job_body(max_wall_seconds=10 * 3600, gpu_count=1)).json()
+    assert body["hold"]["authorized"] == H100_PRICE // 4  # 15 min, extended as the job runs
+    assert body["estimate"] == 10 * H100_PRICE
+    assert Job.objects.get(pk=body["id"]).estimate == 10 * H100_PRICE
 
 
 def test_cost_rounds_up(api: APIClient, job_body: Callable) -> None:

@@ -129,14 +129,20 @@ def test_accepted_submissions_write_what_the_python_path_writes(fleet: dict[str,
         settings.JOBS_SUBMIT_IN_SQL = in_sql
         tenant = _rich_tenant(now)
         api = client_for(tenant.user)
-        for n, overrides in enumerate([{}, {"gpu_types": ["A100"], "gpu_memory_gb": 0, "command": "run ✓"},
-                                        {"priority_class": "production", "preemptible": False}]):
+        overrides_each = [{}, {"gpu_types": ["A100"], "gpu_memory_gb": 0, "command": "run ✓"},
+                          {"priority_class": "production", "preemptible": False}, {"max_wall_seconds": 7200}]
+        for n, overrides in enumerate(overrides_each):
+            if n == 3:  # a hold of one window (30 min), an estimate of the whole max wall time (2 h)
+                tenant.org.hold_window_seconds = 1800
+                tenant.org.save(update_fields=["hold_window_seconds"])
             response, statements = _post(api, _body(tenant, **overrides), key=f"key-{n}")
             assert response.status_code == 201, response.json()
             paths.append((_in_sql(statements), _python_path(statements)))
         effects.append(_effects(tenant))
-    assert paths == [(True, False)] * 3 + [(False, True)] * 3
+    assert paths == [(True, False)] * 4 + [(False, True)] * 4
     assert effects[0] == effects[1]
+    windowed = effects[0]["jobs"][3][0]
+    assert windowed["estimate"] == 4 * effects[0]["holds"][3][4]  # 2 h priced, 30 min held
     assert len(effects[0]["lines"]) > 3  # the holds drew on several buckets in spend order
     assert verify_ledger() == []
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.contrib.auth.models import Group
@@ -115,6 +115,41 @@ def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
     ]
 
 
+def test_voiding_and_closing_a_bucket_not_yet_in_effect_says_why_it_was_not_closed(finance_client) -> None:
+    """QA: "Close the buckets" left a future bucket open without a word (`void_credits` closes only a
+    bucket in effect: its expiry cannot move before its start)."""
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO, effective_at=timezone.now() + timedelta(days=1))
+    form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "typo",
+            "close": "on"}
+    done = finance_client.post(reverse("admin:ledger_bucket_changelist"), form, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.voided, bucket.closed_at) == (0, 0, 10 * MICRO, None)
+    starts = f"{bucket.effective_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    assert _messages(done) == [
+        f"Voided {10 * MICRO} micro-credits of bucket {bucket.pk}; not closed: it is not in effect until "
+        f"{starts}. Nothing can be held on it before then, so the void left nothing on it to spend."
+    ]
+
+
+def test_voiding_an_expired_bucket_says_it_expired_and_that_returns_expire(finance_client) -> None:
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO, expires_at=timezone.now() + timedelta(hours=1))
+    place_hold(org=org, amount=3 * MICRO, key="h")
+    form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "late",
+            "close": "on"}
+    with shifted(timedelta(hours=2)):  # expired, and the expiry sweep has not run yet
+        done = finance_client.post(reverse("admin:ledger_bucket_changelist"), form, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.voided, bucket.closed_at) == (7 * MICRO, None)
+    ended = f"{bucket.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    assert _messages(done) == [
+        f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk}; not closed: it expired at {ended} already. "
+        f"The {3 * MICRO} micro-credits still held by jobs (running or queued) may still be spent by them; "
+        "what they give back will expire."
+    ]
+
+
 def test_journal_holds_audit_are_viewable_but_read_only(finance_client) -> None:
     org = OrganizationFactory()
     fund(org, 10)
@@ -191,6 +226,29 @@ def test_issue_form_has_the_apis_amount_cap(finance_client, credits, issued) -> 
         assert Bucket.objects.get(org=org).granted == MAX_AMOUNT
     else:
         assert "less than or equal to 1000000000" in response.content.decode()
+
+
+@pytest.mark.parametrize("credits", ["1e3", "1E9", "5e-1", "+5", "-5", "1_000", "1,000", "0x10", "NaN",
+                                     "Infinity", "١٢"])
+def test_issue_form_takes_only_a_plain_decimal_number(finance_client, credits) -> None:
+    """QA: "1e3" issued 1,000 credits; a slip like "1e9" would have issued a billion."""
+    org = OrganizationFactory()
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org, credits=credits))
+    assert response.status_code == 200
+    assert response.context["form"].errors["credits"] == [
+        "Enter a plain decimal number, such as 1000 or 12.5: no exponent (1e3), sign or separators."
+    ]
+    assert not Bucket.objects.filter(org=org).exists()
+
+
+@pytest.mark.parametrize(("credits", "micro"), [
+    ("1000", 1000 * MICRO), (" 12.5 ", 12_500_000), ("7.", 7 * MICRO), (".25", 250_000), ("0.000001", 1),
+])
+def test_issue_form_takes_plain_decimal_numbers(finance_client, credits, micro) -> None:
+    org = OrganizationFactory()
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), _issue_form(org, credits=credits))
+    assert response.status_code == 302
+    assert Bucket.objects.get(org=org).granted == micro
 
 
 @pytest.mark.parametrize("effective_at", ["2025-01-01 00:00", ""])

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ledger.models import MICRO, Hold
-from metering.charging import Action
+from metering.charging import Action, lookahead_cost
 from metering.heartbeats import HeartbeatItem
 from metering.services import charge_progress, ingest_heartbeats, report_started
 from scheduling.models import AttemptState, Job, JobAttempt
@@ -15,8 +15,8 @@ from tests.metering.conftest import World, mark_node_alive, place_pending, shift
 WINDOW = 2 * 600 * 1000  # 2 GPUs x 10 min at 1 micro-credit per GPU-ms
 
 
-def running(world: World, submit: Callable[..., Job]) -> JobAttempt:
-    world.org.hold_window_seconds = 600
+def running(world: World, submit: Callable[..., Job], window: int = 600) -> JobAttempt:
+    world.org.hold_window_seconds = window
     world.org.save(update_fields=["hold_window_seconds"])
     mark_node_alive(world.node)
     submit(gpus=2, max_wall_seconds=36_000)
@@ -66,3 +66,25 @@ def test_unfundable_window_stops_the_attempt_out_of_credit(
     # The stop reaches the agent in the next heartbeat response.
     stop = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, WINDOW - 90_000)]).stop
     assert stop == [{"attempt_id": attempt.pk, "reason": "out_of_credit", "grace_seconds": 30}]
+
+
+def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usage(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """An org's window may be as short as 60 s, one charge interval, less than the look-ahead
+    (2 charges + a heartbeat + the stop's grace = 180 s). One window per charge only kept pace:
+    a late charge left usage past the hold, and a refused extension's graceful stop had no margin."""
+    funded(100 * MICRO)
+    attempt = running(world, submit, window=60)
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    assert hold.authorized == 2 * 60 * 1000
+    lookahead = lookahead_cost(attempt)
+    assert lookahead == 2 * 180 * 1000 * 101 // 100
+    used = 0
+    for seq, seconds in enumerate((55, 60, 60, 150, 60), start=1):  # 2 GPUs; one charge 90 s late
+        used += 2 * seconds * 1000
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, used)])
+        assert Action.EXTENDED in charge_progress(attempt=attempt).actions
+        hold.refresh_from_db()
+        assert hold.captured == used  # nothing left behind the hold
+        assert hold.remaining >= lookahead  # the next charges and a graceful stop are covered

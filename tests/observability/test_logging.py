@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -20,23 +21,31 @@ from tests.api.factories import Tenant
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def json_lines(settings: Any) -> Iterator[io.StringIO]:
-    """The JSON handler of `build_logging("json")`, writing to a buffer, on the access logger."""
-    settings.ACCESS_LOG = True
-    config = build_logging(fmt="json")
+@contextlib.contextmanager
+def _handler_on(settings: Any, fmt: str, name: str, level: str) -> Iterator[io.StringIO]:
+    """`build_logging(fmt)`'s console handler, writing to a buffer, on logger `name` alone."""
+    config = build_logging(fmt=fmt)
     buffer = io.StringIO()
     config["handlers"]["console"] = {**config["handlers"]["console"], "stream": buffer}
     config["root"] = {"level": "WARNING"}  # leave the root logger's handlers alone
-    config["loggers"] = {"gpubank.access": {"handlers": ["console"], "level": "INFO"}}
+    config["loggers"] = {name: {"handlers": ["console"], "level": level, "propagate": False}}
     logging.config.dictConfig(config)
     try:
         yield buffer
     finally:
-        logger = logging.getLogger("gpubank.access")
+        logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
+        logger.propagate = True
         logging.config.dictConfig(settings.LOGGING)
+
+
+@pytest.fixture
+def json_lines(settings: Any) -> Iterator[io.StringIO]:
+    """The JSON handler of `build_logging("json")`, writing to a buffer, on the access logger."""
+    settings.ACCESS_LOG = True
+    with _handler_on(settings, "json", "gpubank.access", "INFO") as buffer:
+        yield buffer
 
 
 def lines(buffer: io.StringIO) -> list[dict[str, Any]]:
@@ -76,3 +85,42 @@ def test_plain_stays_the_default_and_formats_are_checked() -> None:
     assert settings.LOGGING["handlers"]["console"]["formatter"] == "plain"
     with pytest.raises(ValueError, match="LOG_FORMAT"):
         build_logging(fmt="xml")
+
+
+@pytest.fixture
+def request_log(settings: Any) -> Iterator[io.StringIO]:
+    """The plain handler of `build_logging()`, writing to a buffer, on Django's request logger."""
+    with _handler_on(settings, "plain", "django.request", "WARNING") as buffer:
+        yield buffer
+
+
+def test_a_refused_admin_page_logs_one_line_and_no_traceback(
+    request_log: io.StringIO, tenant: Tenant
+) -> None:
+    """QA: every ordinary 403 in the admin logged a full Python traceback."""
+    from django.test import Client
+
+    tenant.admin.is_staff = True
+    tenant.admin.save()
+    client = Client()
+    client.force_login(tenant.admin)
+    assert client.get("/admin/ledger/bucket/add/").status_code == 403
+    text = request_log.getvalue()
+    assert "Forbidden" in text and "Traceback" not in text
+
+
+def test_a_server_error_keeps_its_traceback() -> None:
+    from config.logging import ClientErrorFilter
+
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        import sys
+
+        info = sys.exc_info()
+    record = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "Server Error", (), info)
+    record.status_code = 500
+    assert ClientErrorFilter().filter(record) and record.exc_info is info
+    record = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "Forbidden", (), info)
+    record.status_code = 403
+    assert ClientErrorFilter().filter(record) and record.exc_info is None

@@ -9,12 +9,13 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from accounts.models import Project
 from ledger.clock import ledger_now, shifted
 from ledger.models import MICRO, BucketKind
 from ledger.selectors import balance_breakdown
 from ledger.services import expire_due_buckets, place_hold, void_credits
 from portal.templatetags.portal_money import credits
-from scheduling.models import Job, JobState
+from scheduling.models import Job, JobState, Quota
 from tests.factories import fund
 from tests.portal.conftest import World
 
@@ -266,3 +267,49 @@ def test_org_members_download_the_months_statement_from_the_page(world: World) -
     # A project-only member reads no org-wide money: no link, and the route says 403.
     assert "statement?format=csv" not in _client(world.dave).get("/").content.decode()
     assert _client(world.dave).get(f"/api/v1/orgs/{world.acme.pk}/statement").status_code == 403
+
+
+def _quota_row(html: str, key: str) -> dict[str, str]:
+    start = html.index(f'data-quota="{key}"')
+    row = html[start : html.index("</tr>", start)]
+    return {name: _field(row, name) for name in ("in_use", "max", "available", "queued_jobs", "queued_gpus")}
+
+
+def test_the_org_page_shows_quotas_with_their_use(world: World) -> None:
+    ops = Project.objects.get(slug="ops")
+    Quota.objects.create(org=world.acme, gpu_type=world.h100, max_gpus=8)
+    Quota.objects.create(org=world.acme, project=world.vision, gpu_type=world.h100, max_gpus=2)
+    Quota.objects.create(org=world.acme, project=ops, gpu_type=world.h100, max_gpus=4)
+    waiting = Job.objects.get(pk=world.job.pk)
+    waiting.pk, waiting.state, waiting.gpu_count = None, JobState.QUEUED, 4
+    waiting.save()  # a second vision job, queued, asking for 4 H100s
+
+    html = _client(world.alice).get(reverse("portal:org", args=["acme"])).content.decode()
+    # The fixture's running vision job holds 2 H100s.
+    assert _quota_row(html, "org-H100") == {
+        "in_use": "2", "max": "8", "available": "6", "queued_jobs": "1", "queued_gpus": "4"}
+    assert _quota_row(html, "vision-H100") == {
+        "in_use": "2", "max": "2", "available": "0", "queued_jobs": "1", "queued_gpus": "4"}
+    assert _quota_row(html, "ops-H100")["in_use"] == "0"
+    # Dave belongs to the vision project only: not the ops project's quota.
+    html = _client(world.dave).get(reverse("portal:org", args=["acme"])).content.decode()
+    assert 'data-quota="vision-H100"' in html and 'data-quota="org-H100"' in html
+    assert 'data-quota="ops-H100"' not in html
+
+
+def test_an_org_without_quotas_shows_no_quota_table(world: World) -> None:
+    html = _client(world.alice).get(reverse("portal:org", args=["acme"])).content.decode()
+    assert 'id="quotas"' not in html
+
+
+def test_a_bucket_finance_closed_says_so(world: World) -> None:
+    """QA: a closed bucket showed only as "expired", the same as one that ran out its time."""
+    hour_ago = ledger_now() - timedelta(hours=1)
+    bucket = fund(world.acme, 10 * MICRO, kind=BucketKind.PROMOTIONAL, effective_at=hour_ago)
+    void_credits(bucket=bucket, reason="fraud", key="portal-close", close=True)
+    bucket.refresh_from_db()
+    assert bucket.closed_at is not None
+    html = _client(world.alice).get(reverse("portal:org", args=["acme"])).content.decode()
+    row = _bucket_row_html(_panel_html(html, "org-acme"), bucket.pk)
+    assert "closed by finance" in row
+    assert "closed by finance" not in _bucket_row_html(_panel_html(html, "org-acme"), world.paid.pk)

@@ -272,3 +272,35 @@ def test_wait_reasons_are_kept_and_audited_only_on_change(
     assert AuditEvent.objects.filter(action="sched.skip").count() == 2
     assert SchedulerPass.objects.order_by("pk").last().waiting_changed == 0  # type: ignore[union-attr]
     call_command("verify_audit")  # the batch-appended events chain like single ones
+
+
+def test_a_job_waiting_for_its_quota_is_not_overtaken_by_a_later_job_of_its_org(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """The QA finding: a production job held back by its org's quota watched later batch jobs of
+    the org that fit under the quota take every GPU the quota freed. Now the quota is reserved for
+    it from when the running job reaches its max wall, and the later job says whom it waits for."""
+    Quota.objects.create(org=tenant["org"], gpu_type=fleet["h100"], max_gpus=8)
+    started = timezone.now() - timedelta(minutes=10)
+    running = make_job(JobState.RUNNING, gpu_count=4, priority_class=priority("batch"), preemptible=False)
+    attempt = make_attempt(running, AttemptState.RUNNING, started_at=started, scheduled_at=started)
+    for i in range(4):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=started)
+    urgent = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"], priority_class=priority("production"))
+    later = make_job(JobState.QUEUED, gpu_count=4, gpu_types=["H100"], priority_class=priority("batch"),
+                     max_wall_seconds=86_400)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and row.placed == 0
+    urgent.refresh_from_db()
+    later.refresh_from_db()
+    assert urgent.wait_reason == "quota"
+    assert "; quota reserved for it from " in urgent.wait_detail and urgent.wait_detail.endswith(" on H100")
+    assert (later.wait_reason, later.wait_detail) == (
+        f"reserved-for-job-{urgent.pk}",
+        f"fits under its org's concurrent-GPU quota on H100 only by delaying job {urgent.pk}",
+    )
+    assert AuditEvent.objects.filter(action="sched.skip", subject_id=str(later.pk),
+                                     reason_code=f"reserved-for-job-{urgent.pk}").exists()

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from scheduling.models import GpuPrice, Job, JobState, Node, Quota
+from scheduling.models import PRICE_MESSAGE, GpuPrice, Job, JobState, Node, Quota
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory
 from tests.scheduling.conftest import H100_PRICE
 
@@ -193,6 +193,31 @@ def test_a_price_cannot_be_back_dated(staff: Client, fleet: dict[str, Any]) -> N
     change = reverse("admin:scheduling_gpuprice_change", args=[scheduled.pk])
     assert staff.post(change, form).status_code == 200
     assert GpuPrice.objects.get(pk=scheduled.pk).effective_from > timezone.now()
+
+
+@pytest.mark.parametrize("price", ["0", "-5"])
+def test_a_price_that_is_not_positive_is_refused_by_the_field(staff: Client, fleet: dict[str, Any],
+                                                              price: str) -> None:
+    """QA: the admin answered with the raw "Constraint “gpu_price_positive” is violated."."""
+    h100 = fleet["h100"]
+    when = timezone.now() + timedelta(days=1)
+    day, time = when.strftime("%Y-%m-%d"), when.strftime("%H:%M:%S")
+    form = {"gpu_type": h100.pk, "price_per_gpu_hour": price,
+            "effective_from_0": day, "effective_from_1": time}
+    response = staff.post(reverse("admin:scheduling_gpuprice_add"), form)
+    assert response.status_code == 200  # the form again, nothing saved
+    errors = response.context["adminform"].form.errors
+    assert errors == {"price_per_gpu_hour": [PRICE_MESSAGE]}
+    assert "Constraint" not in response.content.decode()
+    # The same on the GPU type page's inline for new prices.
+    inline = {"name": h100.name, "memory_gb": h100.memory_gb, "prices-TOTAL_FORMS": "1",
+              "prices-INITIAL_FORMS": "0", "prices-0-price_per_gpu_hour": price,
+              "prices-0-effective_from_0": day, "prices-0-effective_from_1": time}
+    page = staff.post(reverse("admin:scheduling_gputype_change", args=[h100.pk]), inline)
+    assert page.status_code == 200
+    formset = page.context["inline_admin_formsets"][0].formset
+    assert formset.errors == [{"price_per_gpu_hour": [PRICE_MESSAGE]}]
+    assert GpuPrice.objects.filter(gpu_type=h100).count() == 1  # the fleet's price only
 
 
 def test_a_refused_action_names_the_job_once(staff: Client, fleet: dict[str, Any],

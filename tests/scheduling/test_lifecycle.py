@@ -223,3 +223,22 @@ def test_a_refused_refunding_keeps_the_longer_backoff_its_words_and_is_audited(
     Job.objects.filter(pk=job.pk).update(not_before=db_now() - timedelta(seconds=1))
     run_scheduling_pass(trigger="test")
     assert Job.objects.get(pk=job.pk).wait_detail == words
+
+
+def test_a_requeue_prices_the_estimate_for_the_whole_run_and_holds_one_window(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job]
+) -> None:
+    """The fresh hold covers the org's hold window; the estimate, as at submission, the max wall
+    time (it was set to the hold's amount)."""
+    from scheduling.services.lifecycle import requeue
+    from tests.factories import fund
+    from tests.scheduling.conftest import H100_PRICE
+
+    fund(tenant["org"], 100 * H100_PRICE)
+    tenant["org"].hold_window_seconds = 600
+    tenant["org"].save(update_fields=["hold_window_seconds"])
+    job = make_job(S.RUNNING, hold=False, gpu_count=2, max_wall_seconds=3 * 3600)
+    requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
+    job.refresh_from_db()
+    assert job.current_hold is not None and job.current_hold.authorized == 2 * H100_PRICE // 6  # 10 min
+    assert job.estimate == 2 * 3 * H100_PRICE  # 3 h on 2 GPUs of the dearer type (H100)

@@ -62,6 +62,29 @@ def test_a_dearer_placement_tops_the_hold_up_before_it_runs(
     assert verify_ledger() == []
 
 
+def test_a_top_up_under_a_hold_window_prices_the_estimate_for_the_whole_run(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    """The hold covers the org's window (30 min) at the new rate; the estimate, the max wall time
+    (4 h) at that rate (it was set to the topped-up hold)."""
+    fund(tenant["org"], 100 * MICRO)
+    tenant["org"].hold_window_seconds = 1800
+    tenant["org"].save(update_fields=["hold_window_seconds"])
+    hold = place_hold(org=tenant["org"], amount=H100_PRICE, key="held", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    job = make_job(JobState.QUEUED, current_hold=hold, estimate=8 * H100_PRICE, gpu_types=["H100"],
+                   gpu_count=2, max_wall_seconds=4 * 3600)
+    _raise_h100(fleet)
+
+    run_scheduling_pass(trigger="test")
+
+    hold.refresh_from_db()
+    assert hold.authorized == NEW_PRICE  # 2 GPUs x 30 min
+    job.refresh_from_db()
+    assert (job.state, job.estimate) == (JobState.SCHEDULED, 8 * NEW_PRICE)
+    assert verify_ledger() == []
+
+
 @pytest.mark.parametrize("refusal", ["credits", "budget"])
 def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
     refusal: str, fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],

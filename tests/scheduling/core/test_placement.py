@@ -79,7 +79,11 @@ def test_quota_per_org_and_project_per_type() -> None:
     q = Quotas(org={(1, "H100"): 6})
     res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100",))], run, quotas=q))
     assert res.wait_reasons[1] == R.QUOTA
-    assert res.skips[0].detail == "concurrent-GPU quota: H100 org 4 of 6 in use; needs 4"
+    # Job 9 is past its max wall (ended by 3600, now is 10,000): the quota is reserved from now.
+    assert res.skips[0].detail == (
+        "concurrent-GPU quota: H100 org 4 of 6 in use; needs 4; quota reserved for it from "
+        "1970-01-01T02:46:40Z on H100"
+    )
     # Falls through to a type where quota allows.
     res = schedule(snap(nodes, [job(1, gpus=4, gpu_types=("H100", "T4"))], run, quotas=q))
     assert res.placements[0].gpu_type == "T4"
@@ -88,7 +92,11 @@ def test_quota_per_org_and_project_per_type() -> None:
         snap(nodes, [job(1, gpus=4, gpu_types=("T4",)), job(2, gpus=4, gpu_types=("T4",))], quotas=qp)
     )
     assert [p.job_id for p in res.placements] == [1] and res.wait_reasons[2] == R.QUOTA
-    assert res.skips[0].detail == "concurrent-GPU quota: T4 project 4 of 5 in use; needs 4"
+    # Job 2 has the quota reserved from when job 1, placed now (10,000), reaches its max wall.
+    assert res.skips[0].detail == (
+        "concurrent-GPU quota: T4 project 4 of 5 in use; needs 4; quota reserved for it from "
+        "1970-01-01T03:46:40Z on T4"
+    )
 
 
 def test_draining_unknown_down_nodes_get_nothing() -> None:

@@ -422,4 +422,8 @@ def test_quota_preemption_respects_the_minimum_runtime() -> None:
     res = schedule(snap(nodes, [_h100("production")], young, quotas=quotas, now=NOW,
                         min_runtime_before_preemption_seconds=600))
     assert res.preemptions == [] and res.wait_reasons[1] == R.QUOTA
-    assert _skip(res, 1).detail == "concurrent-GPU quota: H100 org 8 of 8 in use; needs 4"
+    # It waits with its quota reserved from when job 50 reaches its max wall.
+    assert _skip(res, 1).detail == (
+        "concurrent-GPU quota: H100 org 8 of 8 in use; needs 4; quota reserved for it from "
+        f"{R.utc_time(NOW - 100 + 99_999)} on H100"
+    )

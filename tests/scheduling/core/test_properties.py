@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.core import Node, PendingJob, RunningJob, Snapshot, schedule
+from scheduling.core import Node, PendingJob, Quotas, Reservation, RunningJob, Snapshot, schedule
 from scheduling.core.reasons import is_wait_reason
 from tests.scheduling.core.helpers import TYPES, snap
 
@@ -76,8 +76,10 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         for k in range(draw(st.integers(0, 25)))
     ]
     policy = draw(st.sampled_from(("fair", "fair", "fifo", "fifo_backfill")))
+    caps = st.dictionaries(st.tuples(st.integers(1, 3), st.sampled_from(sorted(TYPES))), st.integers(1, 16))
+    quotas = Quotas(org=draw(caps), project=draw(caps)) if draw(st.booleans()) else None
     return snap(
-        nodes, pending, run, now=now, policy=policy,
+        nodes, pending, run, now=now, policy=policy, quotas=quotas,
         min_runtime_before_preemption_seconds=draw(st.sampled_from((0.0, 0.0, 600.0))),
         preemption_exempt_growth=draw(st.sampled_from((1.0, 2.0, 4.0))),
         preemption_exempt_after=draw(st.sampled_from((0, 1, 3))),
@@ -128,3 +130,106 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
         assert s.now - v.started_at >= exempt
         assert rank[v.priority_class] < rank[j.priority_class]
         assert v.priority_class != "production"
+
+
+def _exit(r: RunningJob, s: Snapshot, signalled_now: set[int]) -> float:
+    """When a running job frees its GPUs: at its max wall, or at the end of its grace once signalled."""
+    end = r.started_at + r.max_wall_seconds
+    signalled = s.now if r.id in signalled_now else r.preemption_requested_at
+    if signalled is not None:
+        end = min(end, signalled + s.config.grace_seconds)
+    return max(s.now, end)
+
+
+@st.composite
+def crowded_quotas(draw: st.DrawFn) -> Snapshot:
+    """Few tenants on one GPU type, tight quotas, mixed sizes and walls: the later jobs of a
+    scope often fit under the quota that an earlier one waits for."""
+    now = 100_000.0
+    walls = st.sampled_from((60.0, 600.0, 1_800.0, 3_600.0, 7_200.0, 20_000.0))  # few: ends and starts meet
+    nodes = [
+        Node(n, "H100", 8, frozenset(range(8)), region=draw(st.sampled_from(("r1", "r2"))))
+        for n in range(draw(st.integers(1, 4)))
+    ]
+    run: list[RunningJob] = []
+    for k, n in enumerate(nodes):
+        cut = draw(st.integers(0, 8))
+        for lo, hi in ((0, cut), (cut, 8)) if draw(st.booleans()) else ((0, cut),):
+            if hi > lo:
+                run.append(
+                    RunningJob(
+                        id=1000 + 2 * k + lo,
+                        attempt_id=1000 + 2 * k + lo,
+                        org_id=draw(st.sampled_from((1, 1, 2))),
+                        project_id=draw(st.integers(1, 2)),
+                        user_id=1,
+                        priority_class=draw(st.sampled_from(CLASSES)),
+                        preemptible=draw(st.booleans()),
+                        gpu_type="H100",
+                        allocations=((n.id, tuple(range(lo, hi))),),
+                        started_at=now - draw(st.sampled_from((0.0, 300.0, 900.0))),
+                        max_wall_seconds=draw(walls),
+                    )
+                )
+    pending = [
+        PendingJob(
+            id=k, org_id=draw(st.sampled_from((1, 1, 1, 2))), project_id=draw(st.integers(1, 2)), user_id=1,
+            priority_class=draw(st.sampled_from(CLASSES)),
+            gpu_count=draw(st.sampled_from((1, 2, 4, 4, 8, 12))),
+            max_wall_seconds=draw(walls), submitted_at=now - draw(st.floats(0, 10_000)),
+            regions=draw(st.sampled_from(((), (), ("r1",), ("r2",)))),
+        )
+        for k in range(draw(st.integers(2, 12)))
+    ]
+    caps = st.dictionaries(st.tuples(st.integers(1, 2), st.just("H100")), st.integers(2, 12), min_size=1)
+    return snap(
+        nodes, pending, run, now=now, quotas=Quotas(org=draw(caps), project=draw(st.none() | caps) or {}),
+        policy=draw(st.sampled_from(("fair", "fifo_backfill"))),
+        min_runtime_before_preemption_seconds=draw(st.sampled_from((0.0, 600.0))),
+        preemption_min_gain=draw(st.sampled_from((0.0, 1.0))),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshots() | crowded_quotas())
+def test_quotas_hold_and_no_later_job_takes_the_quota_promised_to_a_waiting_job(s: Snapshot) -> None:
+    """Placements never take an org or a project over its quota (counting what already runs over
+    it), and every reserved job (EASY, preemption or quota reservation) still fits under its quotas
+    at its start, given the jobs that will still run then and the other reservations under way
+    then: no job placed in the pass delays it, and no two promises of quota room overlap."""
+    res = schedule(s)
+    pending = {j.id: j for j in s.pending}
+    signalled_now = {p.job_id for p in res.preemptions}
+    # (level, id, type) -> [(exit time, GPUs)] of what runs now and what this pass starts.
+    runs: dict[tuple[str, int, str], list[tuple[float, int]]] = {}
+    for r in s.running:
+        for key in (("org", r.org_id, r.gpu_type), ("project", r.project_id, r.gpu_type)):
+            runs.setdefault(key, []).append((_exit(r, s, signalled_now), r.gpu_count))
+    before = {k: sum(g for _, g in v) for k, v in runs.items()}
+    for p in res.placements:
+        j = pending[p.job_id]
+        for key in (("org", j.org_id, p.gpu_type), ("project", j.project_id, p.gpu_type)):
+            runs.setdefault(key, []).append((s.now + p.max_wall_seconds, j.gpu_count))
+    caps = {("org", o, t): c for (o, t), c in s.quotas.org.items()}
+    caps.update({("project", p, t): c for (p, t), c in s.quotas.project.items()})
+    for key, cap in caps.items():
+        now_used = sum(g for _, g in runs.get(key, ()))
+        assert now_used <= max(cap, before.get(key, 0)), f"{key} over its quota"
+    # Each reservation's job fits at its start beside what still runs then and beside the other
+    # reservations of its scope that have started by then and not reached their wall.
+    def scopes(r: Reservation) -> list[tuple[str, int, str]]:
+        j = pending[r.job_id]
+        keys = (("org", j.org_id, r.gpu_type), ("project", j.project_id, r.gpu_type))
+        return [k for k in keys if k in caps]
+
+    for r in res.reservations:
+        for key in scopes(r):
+            still = sum(g for end, g in runs.get(key, ()) if end > r.start_at)
+            beside = sum(
+                pending[o.job_id].gpu_count for o in res.reservations
+                if o is not r and key in scopes(o)
+                and o.start_at <= r.start_at < o.start_at + pending[o.job_id].wall_on(o.gpu_type)
+            )
+            assert still + beside + pending[r.job_id].gpu_count <= caps[key], (
+                f"job {r.job_id}'s {r.kind} reservation delayed on {key}"
+            )
