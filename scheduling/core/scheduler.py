@@ -16,6 +16,7 @@ from scheduling.core.fairshare import (
     priority_value,
     tree_levels,
 )
+from scheduling.core.feasibility import idle_fleet, why_never_fits
 from scheduling.core.model import (
     Allocation,
     PendingJob,
@@ -111,6 +112,8 @@ class _Pass:
         self._not_ready: dict[str, dict[str, int]] | None = None  # see _not_ready_note
         self._unfit: dict[tuple[tuple[str, ...], int, int], str] = {}  # see _unfit_note
         self._group_totals: dict[str, int] | None = None  # largest ready IB group per type
+        self._idle: FleetState | None = None  # see ever_fits
+        self._ever_fits: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 
     def cls(self, name: str) -> PriorityClass:
         return self.classes.get(name, _UNKNOWN_CLASS)
@@ -595,7 +598,7 @@ class _Pass:
         type. No GPU is masked."""
         best: tuple[float, str] | None = None
         for t in types:
-            if not self.quota.reservable(job, t, self.now + walls[t]):
+            if not self.quota.reservable(job, t, self.now + walls[t]) or not self.ever_fits(job, t):
                 continue
             start = self.quota.earliest_start(job, t)
             if start is not None and (best is None or start < best[0]):
@@ -606,6 +609,17 @@ class _Pass:
         self.result.reservations.append(res)
         self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + walls[res.gpu_type])
         return res
+
+    def ever_fits(self, job: PendingJob, gpu_type: str) -> bool:
+        """Whether the job's gang fits the type's nodes in its regions with every node idle: a
+        quota reservation on a type it can never run on would hold its scope back for nothing."""
+        key = (gpu_type, job.gpu_count, job.regions)
+        hit = self._ever_fits.get(key)
+        if hit is None:
+            if self._idle is None:
+                self._idle = idle_fleet(self.snap.nodes)
+            hit = self._ever_fits[key] = why_never_fits(self._idle, *key) is None
+        return hit
 
     # -- preemption -----------------------------------------------------------------------------
     def victim_index(self) -> VictimIndex:

@@ -127,7 +127,8 @@ def test_a_job_placed_in_the_pass_is_counted_at_a_claim_start_after_it() -> None
     r = running(50, ((1, tuple(range(8))),), org_id=1, project_id=10, started=NOW - 2_600, wall=3_600)
     pending = [_h100(1, 10, cls="production"), _h100(2, 2), _h100(3, 2)]
     quotas = Quotas(org={(1, "H100"): 12})
-    res = schedule(snap([node(1), node(2), node(3)], pending, [r], quotas=quotas, now=NOW))
+    nodes = [node(i, ib_group="ib1") for i in (1, 2, 3)]  # job 1's 10 GPUs span nodes of one group
+    res = schedule(snap(nodes, pending, [r], quotas=quotas, now=NOW))
     assert [p.job_id for p in res.placements] == [2]
 
 

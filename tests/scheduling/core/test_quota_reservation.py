@@ -273,3 +273,24 @@ def test_a_quota_lowered_below_the_job_says_it_must_be_raised() -> None:
         "concurrent-GPU quota: H100 org 4 of 6 in use (a quota smaller than the job: it starts there only "
         "once the quota is raised); needs 8"
     )
+
+
+def test_no_quota_room_is_reserved_on_a_type_the_gang_can_never_run_on() -> None:
+    # Org 1 is at its quota on both types; its A100 room frees first, but the job's regions have
+    # no A100 node: the reservation is on H100, where it can run, and A100 work of the org goes on.
+    nodes = [node(1, region="us"), node(2, region="us"),
+             node(3, "A100", region="eu"), node(4, "A100", region="eu")]
+    run = [
+        running(50, ((1, (0, 1, 2, 3)),), org_id=1, project_id=10, started=NOW - 600, wall=3_600),  # to END
+        running(51, ((3, (0, 1, 2, 3)),), gpu_type="A100", org_id=1, project_id=10, started=NOW - 600,
+                wall=1_600),  # to END - 2,000
+    ]
+    quotas = Quotas(org={(1, "H100"): 8, (1, "A100"): 8})
+    head = job(1, gpus=8, gpu_types=("A100", "H100"), regions=("us",), cls="production", submitted=NOW - 99)
+    a100 = job(2, gpus=4, gpu_types=("A100",), cls="batch", submitted=NOW - 98, wall=86_400)
+    res = schedule(snap(nodes, [head, a100], run, quotas=quotas, now=NOW))
+    [reservation] = res.reservations
+    assert (reservation.job_id, reservation.kind, reservation.gpu_type, reservation.start_at) == (
+        1, "quota", "H100", END
+    )
+    assert [p.job_id for p in res.placements] == [2]
