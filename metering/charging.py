@@ -4,9 +4,10 @@ Runs periodically (Celery beat), never on the heartbeat path. Each charge is
 `cost(billable now) - cost(already captured)`, keyed by the cumulative total, so a repeated or
 concurrent run captures nothing twice. When what is left on the hold would not cover the next
 look-ahead window, the hold is extended by one window (DESIGN.md §4: renewed window by window), or
-back up to the look-ahead if a window is less, if funds and budgets allow; otherwise the attempt
-is stopped gracefully with reason `out_of_credit` and settled when it exits (or by the node sweep
-if it never reports).
+back up to the look-ahead if a window is less, if funds and budgets allow; when they do not allow
+a whole window, by the least that covers the look-ahead; otherwise the attempt is stopped
+gracefully with reason `out_of_credit` and settled when it exits (or by the node sweep if it never
+reports).
 """
 
 from __future__ import annotations
@@ -152,6 +153,11 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
         # The hold already covers the whole max wall time; the agent enforces that limit.
         return ChargeResult(captured=captured, actions=tuple(actions))
     refusal = _try_extend(attempt, job, hold, amount)
+    least = lookahead - hold.remaining
+    if refusal and 0 < least < amount:
+        # A whole window is more than the org can fund: the least that keeps the look-ahead
+        # covered, so the job runs on until its credits (or budget) are all but spent.
+        refusal, amount = _try_extend(attempt, job, hold, least), least
     if not refusal:
         actions.append(Action.EXTENDED)
         return ChargeResult(captured=captured, extended=amount, actions=tuple(actions))

@@ -56,7 +56,7 @@ def test_hold_is_extended_by_one_window_when_funds_allow(
 def test_unfundable_window_stops_the_attempt_out_of_credit(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
-    funded(WINDOW + 500_000)  # the first window, and less than a second one
+    funded(WINDOW + 200_000)  # the first window, and less than the look-ahead's 363,600 more
     attempt = running(world, submit)
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, WINDOW - 100_000)])
     result = charge_progress(attempt=attempt)
@@ -66,6 +66,28 @@ def test_unfundable_window_stops_the_attempt_out_of_credit(
     # The stop reaches the agent in the next heartbeat response.
     stop = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, WINDOW - 90_000)]).stop
     assert stop == [{"attempt_id": attempt.pk, "reason": "out_of_credit", "grace_seconds": 30}]
+
+
+def test_a_remainder_less_than_a_window_funds_the_look_ahead_until_it_cannot(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """Extensions were all or nothing: with credits for less than one more window the job was
+    stopped while they could still pay for minutes of its run."""
+    funded(WINDOW + 500_000)  # the first window, and less than a second one
+    attempt = running(world, submit)
+    lookahead = lookahead_cost(attempt)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, WINDOW - 100_000)])
+    result = charge_progress(attempt=attempt)
+    assert result.actions == (Action.CAPTURED, Action.EXTENDED)
+    assert result.extended == lookahead - 100_000  # just back up to the look-ahead
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    assert (hold.authorized, hold.remaining) == (WINDOW + lookahead - 100_000, lookahead)
+    # It runs on; 200,000 later the shortfall (300,000) is more than the 236,400 credits left: stopped.
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, WINDOW + 200_000)])
+    result = charge_progress(attempt=attempt)
+    assert result.actions == (Action.CAPTURED, Action.STOPPED)
+    hold.refresh_from_db()
+    assert hold.captured == WINDOW + 200_000 and hold.remaining == lookahead - 300_000
 
 
 def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usage(
