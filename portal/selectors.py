@@ -3,8 +3,24 @@
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Case, Count, IntegerField, Min, Q, QuerySet, Sum, When
-from django.db.models.functions import TruncMinute
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, TruncMinute
 
 from config.clock import db_now
 from ledger.models import Account, Posting
@@ -116,15 +132,34 @@ def gpus_in_use_series(*, minutes: int = 60, step_minutes: int = 5) -> list[int]
 
 
 def queue_by_org_and_reason() -> list[dict]:
-    """Queued jobs per (org, wait reason): how many, how many GPUs they ask for, oldest submission.
+    """Queued jobs per (org, wait reason): how many, how many GPUs they ask for, and since when the
+    longest-waiting one has waited.
+
+    A job waits from its submission, or from its release (`aging_from`) when later; the time it
+    ran since in earlier attempts (preempted, evicted) is not waiting, so it moves that instant
+    later, as the scheduler's aging counts it (`run_seconds`, `prior_run_seconds`).
 
     Returns [{"org_id", "reason", "jobs", "gpus", "oldest"}]; `reason` is "" for a job no
     scheduling pass has looked at yet.
     """
+    ran = Subquery(
+        JobAttempt.objects.filter(job_id=OuterRef("pk"), ended_at__isnull=False, started_at__isnull=False)
+        .filter(Q(job__aging_from__isnull=True) | Q(started_at__gte=F("job__aging_from")))
+        .values("job_id")
+        .annotate(total=Sum(F("ended_at") - F("started_at"), output_field=DurationField()))
+        .values("total"),
+        output_field=DurationField(),
+    )
+    waiting_since = ExpressionWrapper(
+        Greatest("submitted_at", Coalesce("aging_from", "submitted_at"))
+        + Coalesce(ran, Value(timedelta(0)), output_field=DurationField()),
+        output_field=DateTimeField(),
+    )
     rows = (
         Job.objects.filter(state=JobState.QUEUED)
+        .annotate(waiting_since=waiting_since)
         .values("org_id", "wait_reason")
-        .annotate(jobs=Count("id"), gpus=Sum("gpu_count"), oldest=Min("submitted_at"))
+        .annotate(jobs=Count("id"), gpus=Sum("gpu_count"), oldest=Min("waiting_since"))
         .order_by()
     )
     return [

@@ -51,6 +51,25 @@ check(api.get(f"/api/v1/orgs/{acme.pk}/balance", {"as_of": timezone.now().isofor
 check(api.get(f"/api/v1/projects/{project.pk}/balance"), 200)
 check(api.get(f"/api/v1/orgs/{acme.pk}/fair-share"), 200)
 assert b"closing balance" in check(api.get(f"/api/v1/orgs/{acme.pk}/statement?format=csv"), 200).content
+# The dashboard's longest wait (duration arithmetic in SQL) matches the same sums done in Python.
+from portal.selectors import queue_by_org_and_reason
+from scheduling.models import AttemptState, GpuType, Job, JobAttempt, JobState
+queued, now = Job.objects.get(pk=job["id"]), timezone.now()
+JobAttempt.objects.create(job=queued, number=1, org_id=acme.pk, state=AttemptState.ENDED,
+                          gpu_type=GpuType.objects.get(name="L4"), gpu_count=1, rate_per_gpu_hour=1,
+                          hold=queued.current_hold, scheduled_at=now - timedelta(hours=2),
+                          started_at=now - timedelta(hours=2), ended_at=now - timedelta(minutes=30))
+Job.objects.filter(pk=queued.pk).update(submitted_at=now - timedelta(hours=3), aging_from=None)
+expected = {}
+for q in Job.objects.filter(state=JobState.QUEUED):
+    ran = sum((a.ended_at - a.started_at for a in q.attempts.filter(ended_at__isnull=False)
+               if q.aging_from is None or a.started_at >= q.aging_from), timedelta(0))
+    since = max(q.submitted_at, q.aging_from or q.submitted_at) + ran
+    key = (q.org_id, q.wait_reason)
+    expected[key] = min(expected.get(key, since), since)
+got = {(r["org_id"], r["reason"]): r["oldest"] for r in queue_by_org_and_reason()}
+assert got.keys() == expected.keys() and all(abs((got[k] - expected[k]).total_seconds()) < 1 for k in got), (
+    got, expected)
 check(api.post(f"/api/v1/jobs/{job['id']}/cancel", HTTP_IDEMPOTENCY_KEY="c"), 200)
 bucket = Bucket.objects.filter(org=acme, available__gt=0).order_by("pk").first()
 void_credits(bucket=bucket, reason="smoke", key="smoke", close=True)

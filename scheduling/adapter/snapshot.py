@@ -200,7 +200,10 @@ def earlier_attempts(job_ids: Iterable[int]) -> dict[int, Earlier]:
         JobAttempt.objects.filter(job_id__in=ids, ended_at__isnull=False)
         .values("job_id")
         .annotate(
-            ran=Sum(ran, filter=Q(started_at__isnull=False)),
+            # Only runs since the job began to wait: its queue time starts at a release
+            # (`aging_from`), and what it ran before that is no waiting to take back.
+            ran=Sum(ran, filter=Q(started_at__isnull=False) & (
+                Q(job__aging_from__isnull=True) | Q(started_at__gte=F("job__aging_from")))),
             preempted=Count("id", filter=Q(outcome="preempted")),
         )
         .order_by()

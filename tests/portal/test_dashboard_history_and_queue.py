@@ -81,6 +81,23 @@ def test_queue_groups_waiting_jobs_by_reason_per_viewer(world: World) -> None:
     assert "queue_rows" not in for_scope(snapshot, dashboard_scope(world.bob))
 
 
+def test_a_requeued_or_released_job_has_waited_only_while_it_was_queued(world: World) -> None:
+    """The longest wait counted the run of a preempted job's earlier attempt, and the time a
+    job was held by its user, as waiting."""
+    preempted = _queued(world, world.acme, world.vision, "resources", gpus=1, hours_ago=5)
+    now = db_now()
+    JobAttempt.objects.create(  # ran 3 of its 5 hours
+        job=preempted, number=1, org_id=world.acme.id, state=AttemptState.ENDED, gpu_type=world.h100,
+        gpu_count=1, rate_per_gpu_hour=1, hold=world.hold, scheduled_at=now - timedelta(hours=4),
+        started_at=now - timedelta(hours=4), ended_at=now - timedelta(hours=1),
+    )
+    released = _queued(world, world.acme, world.vision, "priority", gpus=1, hours_ago=6)
+    Job.objects.filter(pk=released.pk).update(aging_from=now - timedelta(hours=1.5))
+    rows = {row["reason"]: row for row in for_scope(build_snapshot(), dashboard_scope(world.carol))["queue"]}
+    assert 2 * 3600 - 60 <= rows["resources"]["longest_wait_seconds"] <= 2 * 3600 + 60
+    assert 1.5 * 3600 - 60 <= rows["priority"]["longest_wait_seconds"] <= 1.5 * 3600 + 60
+
+
 def test_running_and_finished_jobs_are_not_in_the_queue(world: World) -> None:
     _queued(world, world.acme, world.vision, "resources", gpus=1, hours_ago=1)
     Job.objects.filter(name="wait-resources").update(state=JobState.CANCELLED)

@@ -110,6 +110,22 @@ def test_snapshot_carries_run_time_of_earlier_attempts(
     assert running.times_preempted == 2
 
 
+def test_run_time_before_a_release_is_not_taken_off_the_wait_that_began_at_it(
+    make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    # Preempted after an hour's run, then held and released 2 h ago: it has waited 2 h, from the
+    # release (aging_from); the hour it ran before is no waiting to take back (it aged 1 h).
+    now = timezone.now()
+    job = make_job(JobState.QUEUED)
+    make_attempt(job, AttemptState.ENDED, started_at=now - timedelta(hours=5),
+                 ended_at=now - timedelta(hours=4), outcome="preempted")
+    Job.objects.filter(pk=job.pk).update(submitted_at=now - timedelta(hours=6),
+                                         aging_from=now - timedelta(hours=2))
+    (pending,) = load_snapshot(now=now).snapshot.pending
+    assert pending.run_seconds == 0.0
+    assert now.timestamp() - pending.submitted_at == pytest.approx(7200, abs=1)
+
+
 def test_exempt_growth_is_an_operator_setting(settings: Any) -> None:
     assert load_snapshot(now=timezone.now()).snapshot.config.preemption_exempt_growth == 2.0  # ADR 0007
     settings.SCHEDULER_PREEMPT_EXEMPT_GROWTH = 1  # off: the plain minimum runtime every time
