@@ -20,7 +20,7 @@ from django.db.models import Q, Sum
 
 from accounts.models import Organization
 from config.months import month_bounds
-from ledger.clock import ledger_now
+from ledger.clock import clock_offset, ledger_now
 from ledger.models import Account, Bucket, LedgerTransaction, Posting, TransactionKind
 
 BUCKET_ACCOUNTS = (Account.BUCKET_AVAILABLE, Account.BUCKET_HELD)
@@ -69,6 +69,7 @@ class Statement:
     voided: int = 0
     consumption: list[ConsumptionLine] = field(default_factory=list)
     issues: list[Issue] = field(default_factory=list)
+    final: bool = False  # the month has ended and nothing more can be dated in it: see _settled
 
 
 MONTH_PATTERN = r"^[0-9]{4}-[0-9]{2}\Z"  # ASCII digits only (str.isdigit also takes full-width ones)
@@ -126,14 +127,47 @@ def org_statement(*, org: Organization, month: str) -> Statement:
     Its figures come from several queries, read in one snapshot (REPEATABLE READ on PostgreSQL),
     so a capture committing meanwhile is in all of them or in none, and it adds up. A transaction
     is dated by its start: one that began in the last instants of a month and commits after it
-    ended still lands in that month, so a month's statement can change for a few seconds after."""
+    ended still lands in that month, so a month's statement can change for a few seconds after;
+    `final` says when it no longer can (checked before the snapshot is taken)."""
+    settled = _settled(parse_month(month)[1])
     if connection.in_atomic_block:  # the caller's transaction is the snapshot (tests, a bigger read)
-        return _statement(org=org, month=month)
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return _statement(org=org, month=month)
+        statement = _statement(org=org, month=month)
+    else:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            statement = _statement(org=org, month=month)
+    statement.final = settled
+    return statement
+
+
+# Another connection's transaction that began before the cutoff, or one whose activity this role
+# may not read (its state is hidden: it might be one).
+_OPEN_BEFORE = """
+    SELECT EXISTS (
+        SELECT 1 FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND backend_type = 'client backend'
+          AND (xact_start < %s OR (state IS NULL AND xact_start IS NULL))
+    )
+"""
+
+
+def _settled(month_end: datetime) -> bool:
+    """Whether nothing more can be dated before `month_end`: the ledger clock has passed it and no
+    other connection has a transaction open that began before it (PostgreSQL; on SQLite, one writer
+    at a time, the clock alone). A ledger transaction is dated by its start, so one begun earlier
+    may still commit into the month; one begun after this check is dated after it. Read before the
+    statement's snapshot, so whatever committed before the check is in it."""
+    if ledger_now() < month_end:
+        return False
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(_OPEN_BEFORE, [month_end - clock_offset()])
+        (open_before,) = cursor.fetchone()
+    return not open_before
 
 
 def _statement(*, org: Organization, month: str) -> Statement:

@@ -46,4 +46,5 @@ class StatementCsvRenderer(BaseRenderer):
         for name in ("issued", "consumed", "expired", "voided"):
             writer.writerow((f"total {name}", "", "", "", data[name], "", ""))
         writer.writerow(("closing balance", "", "", "", data["closing"]["total"], "", data["ends_at"]))
+        writer.writerow(("status", "", "", "final" if data["final"] else "provisional", "", "", ""))
         return out.getvalue().encode()

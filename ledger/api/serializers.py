@@ -216,3 +216,6 @@ class StatementSerializer(serializers.Serializer):
     closing = StatementBalanceSerializer(help_text="= opening + issued - consumed - expired - voided")
     consumption = ConsumptionLineSerializer(many=True)
     issues = StatementIssueSerializer(many=True)
+    final = serializers.BooleanField(help_text=(
+        "The month has ended and no transaction dated in it can still commit: the figures will not "
+        "change. False for the month in progress and for a few seconds after a month ends."))

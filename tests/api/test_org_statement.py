@@ -62,11 +62,13 @@ def test_a_month_adds_up_and_lists_what_was_consumed(
     )
     assert [i["amount"] for i in body["issues"]] == [1000 * MICRO, 50 * MICRO]
     assert body["issues"][1]["reference"] == "november"
+    assert body["final"] is False  # the month in progress
 
     last = (ledger_now() - LAST_MONTH).strftime("%Y-%m")
     before = client_for(tenant.admin).get(f"/api/v1/orgs/{org.pk}/statement?month={last}").json()
     assert (before["opening"]["total"], before["issued"], before["consumed"]) == (0, 100 * MICRO, 10 * MICRO)
     assert before["closing"]["total"] == body["opening"]["total"]  # one month closes what the next opens
+    assert before["final"] is True  # ended, and no transaction begun in it is still open
     (old_line,) = before["consumption"]
     assert (old_line["gpu_type"], old_line["gpu_hours"]) == ("", 0.0)  # no job attempt behind it
 
@@ -84,6 +86,7 @@ def test_the_statement_as_csv(month_of_activity: dict[str, Any], tenant: Tenant)
     assert int(by_section["total voided"]["amount_micro_credits"]) == 5 * MICRO
     closing = int(by_section["closing balance"]["amount_micro_credits"])
     assert closing == 90 * MICRO + 1050 * MICRO - cost - 5 * MICRO
+    assert by_section["status"]["reference"] == "provisional"  # the month in progress
     accepted = client_for(tenant.admin).get(f"/api/v1/orgs/{org.pk}/statement", HTTP_ACCEPT="text/csv")
     assert accepted.content == response.content
 

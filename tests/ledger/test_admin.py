@@ -196,6 +196,7 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     assert shown == ["0.00", "10.00", "-2.00", "-1.00", "7.00"]
     (line,) = page.context["statement"]["consumption"]
     assert line["bar"] == 100 and b'class="statement-bar"' in page.content  # the largest line: a full bar
+    assert b"Provisional: the figures can still change." in page.content  # the month in progress
     csv_file = finance_client.get(url, {"org": org.pk, "month": month, "format": "csv"})
     assert csv_file["Content-Type"].startswith("text/csv")
     assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content

@@ -130,3 +130,66 @@ def test_a_capture_committing_while_a_statement_is_read_is_in_all_its_figures_or
     assert len(calls) == 2
     assert s.closing.total == s.opening.total + s.issued - s.consumed - s.expired - s.voided
     assert sum(line.amount for line in s.consumption) == s.consumed
+
+
+class _OpenTransaction:
+    """A transaction on another connection that stays open (after its first query) until closed."""
+
+    def __init__(self, work: object) -> None:
+        import threading
+
+        self.begun, self.finish = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(work,))
+        self.thread.start()
+        assert self.begun.wait(10)
+
+    def _run(self, work: object) -> None:
+        from django.db import connection
+
+        try:
+            with transaction.atomic():
+                work()  # type: ignore[operator]
+                self.begun.set()
+                self.finish.wait(10)
+        except BaseException as error:  # reported to the test
+            self.errors.append(error)
+            self.begun.set()
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.finish.set()
+        self.thread.join(10)
+        assert not self.errors, self.errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_month_is_final_once_no_transaction_begun_in_it_can_still_commit() -> None:
+    """A transaction is dated by its start: one begun in a month's last second and committed after
+    it ended still lands in the month. The statement says `final` only once none can."""
+    import time
+
+    from config.clock import db_now
+    from ledger.statements import parse_month
+
+    org = OrganizationFactory()
+    fund(org, 10_000)
+    hold = place_hold(org=org, amount=5_000, key="running")
+    month = ledger_now().strftime("%Y-%m")
+    month_end = parse_month(month)[1]
+    with shifted(month_end - db_now() - timedelta(seconds=1)):  # one second before the month ends
+        assert not org_statement(org=org, month=month).final  # in progress
+        late = _OpenTransaction(lambda: capture(hold=hold, amount=1_000, key="late"))  # dated in it
+        time.sleep(1.2)
+        assert ledger_now() >= month_end
+        ended = org_statement(org=org, month=month)
+        assert not ended.final and ended.consumed == 0
+        # A transaction begun after the end does not hold the month open (it is dated after it).
+        after = _OpenTransaction(lambda: Bucket.objects.filter(org=org).count())
+        late.close()
+        final = org_statement(org=org, month=month)
+        assert final.final and final.consumed == 1_000  # the late capture landed in the month
+        after.close()
+        next_month = org_statement(org=org, month=ledger_now().strftime("%Y-%m"))
+        assert not next_month.final and next_month.consumed == 0
