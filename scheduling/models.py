@@ -221,6 +221,9 @@ class Job(models.Model):
     # Why a queued job waits (scheduler reason code) and a human detail.
     wait_reason = models.CharField(max_length=64, blank=True, default="")
     wait_detail = models.CharField(max_length=255, blank=True, default="")
+    # When the last pass's reservation (EASY, preemption or quota room) expects it to start, by
+    # the max wall times of what runs (Slurm's `squeue --start`); null without one.
+    expected_start_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=64, blank=True, default="")
     current_hold = models.ForeignKey(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

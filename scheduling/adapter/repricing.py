@@ -108,7 +108,7 @@ def _wait_for_funds(
     )[:255]
     log.info("job %s not placed: %s", place.job_id, detail)
     Job.objects.filter(pk=place.job_id, state=JobState.QUEUED).update(
-        wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry
+        wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry, expected_start_at=None
     )
     events.append(NewEvent(
         actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.skip", subject_type="job",

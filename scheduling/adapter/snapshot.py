@@ -65,6 +65,7 @@ class PendingRow:
     wait_detail: str
     gpu_types: tuple[str, ...] = ()
     hold_remaining: int = 0  # what the current hold still holds (authorized - captured - released)
+    expected_start_at: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -299,7 +300,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
             "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
-            "current_hold__released", "aging_from", "dependency",
+            "current_hold__released", "aging_from", "expected_start_at", "dependency",
         )
         .order_by("submitted_at", "id")
     )
@@ -312,7 +313,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
-         released, aging_from, _dependency) = row
+         released, aging_from, expected_start_at, _dependency) = row
         eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         jobs.append(
             core.PendingJob(
@@ -336,7 +337,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
         )
         rows[job_id] = PendingRow(
             org_id, project_id, user_id, hold_id, attempts, gpus, wall, window, wait_reason, wait_detail,
-            tuple(types or ()), (authorized or 0) - (captured or 0) - (released or 0),
+            tuple(types or ()), (authorized or 0) - (captured or 0) - (released or 0), expected_start_at,
         )
     return tuple(jobs), rows
 

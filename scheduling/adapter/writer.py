@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -168,7 +169,7 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
     ids = [p.job_id for p, _ in done]
     Job.objects.filter(pk__in=ids, state=JobState.QUEUED).update(
         state=JobState.SCHEDULED, attempt_count=F("attempt_count") + 1, wait_reason="",
-        wait_detail="", not_before=None, updated_at=loaded.now,
+        wait_detail="", expected_start_at=None, not_before=None, updated_at=loaded.now,
     )
     prices = loaded.snapshot.gpu_types
     cheaper: list[tuple[int, JobAttempt, PendingRow]] = []
@@ -252,18 +253,30 @@ def _preempt(loaded: Loaded, preempts: list[core.Preempt], applied: Applied,
         ))
 
 
-def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list[NewEvent]) -> None:
-    changed: list[tuple[int, str, str]] = []  # (job id, reason, detail): no model instances for 10k rows
-    for skip in skips:
+def _expected_starts(reservations: list[core.Reservation]) -> dict[int, datetime]:
+    """Job id -> the earliest start a reservation of this pass expects for it."""
+    starts: dict[int, float] = {}
+    for res in reservations:
+        if res.start_at < starts.get(res.job_id, float("inf")):
+            starts[res.job_id] = res.start_at
+    return {job_id: datetime.fromtimestamp(at, UTC) for job_id, at in starts.items()}
+
+
+def _skip(loaded: Loaded, result: core.Result, applied: Applied, events: list[NewEvent]) -> None:
+    # (job id, reason, detail, expected start): no model instances for 10k rows
+    changed: list[tuple[int, str, str, datetime | None]] = []
+    starts = _expected_starts(result.reservations)
+    for skip in result.skips:
         row = loaded.pending.get(skip.job_id)
         if row is None:
             continue
         detail = skip.detail[:255]
         if skip.reason_code == row.wait_reason == core_reasons.BUDGET and row.wait_detail:
             detail = row.wait_detail  # the refusal's own words (lifecycle.fund_job), not the core's
-        if (row.wait_reason, row.wait_detail) == (skip.reason_code, detail):
+        start = starts.get(skip.job_id)
+        if (row.wait_reason, row.wait_detail, row.expected_start_at) == (skip.reason_code, detail, start):
             continue
-        changed.append((skip.job_id, skip.reason_code, detail))
+        changed.append((skip.job_id, skip.reason_code, detail, start))
         if row.wait_reason != skip.reason_code:
             events.append(_event(
                 action="sched.skip", subject_type="job", subject_id=skip.job_id, org_id=row.org_id,
@@ -274,24 +287,26 @@ def _skip(loaded: Loaded, skips: list[core.Skip], applied: Applied, events: list
     applied.reasons_changed = len(changed)
 
 
-def _write_wait_reasons(changed: list[tuple[int, str, str]]) -> None:
-    """One UPDATE for all changed wait reasons; only jobs still queued and not held (a cancelled one
-    keeps its cleared reason, a held one `held`). PostgreSQL joins arrays (bulk_update's CASE is
-    quadratic at this size)."""
+def _write_wait_reasons(changed: list[tuple[int, str, str, datetime | None]]) -> None:
+    """One UPDATE for all changed wait reasons and expected starts; only jobs still queued and not
+    held (a cancelled one keeps its cleared reason, a held one `held`). PostgreSQL joins arrays
+    (bulk_update's CASE is quadratic at this size)."""
     if connection.vendor != "postgresql":
         Job.objects.filter(state=JobState.QUEUED, held=False).bulk_update(
-            [Job(pk=i, wait_reason=r, wait_detail=d) for i, r, d in changed],
-            ["wait_reason", "wait_detail"], batch_size=500,
+            [Job(pk=i, wait_reason=r, wait_detail=d, expected_start_at=s) for i, r, d, s in changed],
+            ["wait_reason", "wait_detail", "expected_start_at"], batch_size=500,
         )
         return
     table = Job._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} AS j SET wait_reason = v.reason, wait_detail = v.detail "  # noqa: S608
-            "FROM json_to_recordset(%s::json) AS v(id bigint, reason text, detail text) "
+            f"UPDATE {table} AS j SET wait_reason = v.reason, wait_detail = v.detail, "  # noqa: S608
+            "expected_start_at = v.start "
+            "FROM json_to_recordset(%s::json) AS v(id bigint, reason text, detail text, start timestamptz) "
             "WHERE j.id = v.id AND j.state = %s AND NOT j.held",
             # One JSON parameter: quoting 10k-element arrays client-side costs more than the UPDATE.
-            [json.dumps([{"id": i, "reason": r, "detail": d} for i, r, d in changed]),
+            [json.dumps([{"id": i, "reason": r, "detail": d, "start": s.isoformat() if s else None}
+                         for i, r, d, s in changed]),
              JobState.QUEUED],
         )
 
@@ -302,6 +317,6 @@ def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
     events: list[NewEvent] = []
     _place(loaded, result.placements, applied, events)
     _preempt(loaded, result.preemptions, applied, events)
-    _skip(loaded, result.skips, applied, events)
+    _skip(loaded, result, applied, events)
     applied.events = record_many(events)
     return applied

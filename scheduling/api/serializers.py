@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api.serializers import (
@@ -15,7 +17,7 @@ from config.api.serializers import (
 from ledger.models import Hold
 from ledger.selectors import release_split
 from scheduling.core import reasons as core_reasons
-from scheduling.models import Dependency, Job, JobAttempt
+from scheduling.models import Dependency, Job, JobAttempt, JobState
 from scheduling.services.dependencies import MAX_DEPENDENCIES
 
 MAX_GPU_COUNT = 1024
@@ -119,19 +121,30 @@ class JobSerializer(serializers.ModelSerializer):
     hold = HoldSummarySerializer(source="current_hold", read_only=True, allow_null=True)
     depends_on = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     dependency = serializers.SerializerMethodField()
+    expected_start_at = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
                   "regions", "depends_on", "dependency", "held", "held_by_operator", "wait_reason",
-                  "wait_detail", "end_reason", "estimate", "hold", "attempt_count", "max_retries",
-                  "submitted_at", "updated_at", "finished_at"]
+                  "wait_detail", "expected_start_at", "end_reason", "estimate", "hold", "attempt_count",
+                  "max_retries", "submitted_at", "updated_at", "finished_at"]
         read_only_fields = fields
 
     def get_dependency(self, job: Job) -> str | None:
         """`afterok` / `afterany`; null for a job without dependencies."""
         return job.dependency or None
+
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_expected_start_at(self, job: Job) -> str | None:
+        """A waiting job's expected start (Slurm's `squeue --start`): when the last scheduling pass's
+        reservation for it (GPUs, or room under its quota) begins, by the max wall times of what
+        runs; jobs often end sooner, so it is a latest estimate, not a promise. Null without one,
+        and for a job not waiting (or held)."""
+        if job.state != JobState.QUEUED or job.held or job.expected_start_at is None:
+            return None
+        return _when(job.expected_start_at)
 
 
 class JobDetailSerializer(JobSerializer):
@@ -215,7 +228,8 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "dependency": str(job.dependency) or None, "held": bool(job.held),
         "held_by_operator": bool(job.held_by_operator),
         "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
-        "end_reason": str(job.end_reason), "estimate": int(job.estimate), "hold": None,
+        "expected_start_at": None, "end_reason": str(job.end_reason), "estimate": int(job.estimate),
+        "hold": None,
         "attempt_count": int(job.attempt_count), "max_retries": int(job.max_retries),
         "submitted_at": _when(job.submitted_at),
         "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],

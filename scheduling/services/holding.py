@@ -89,8 +89,8 @@ def _set_held(job: Job, actor: Any, *, held: bool, wait: tuple[str, str], held_b
     now = db_now()
     operator = held_by_operator if held else job.held_by_operator  # whose hold this starts or ends
     fields["held_by_operator"] = held_by_operator
-    Job.objects.filter(pk=job.pk).update(held=held, wait_reason=wait[0], wait_detail=wait[1], updated_at=now,
-                                         **fields)
+    Job.objects.filter(pk=job.pk).update(held=held, wait_reason=wait[0], wait_detail=wait[1],
+                                         expected_start_at=None, updated_at=now, **fields)
     kind, actor_id = audit_actor(actor)
     record(action="sched.job.hold" if held else "sched.job.release", subject_type="job", subject_id=job.pk,
            org_id=job.org_id, actor_type=kind, actor_id=actor_id,

@@ -198,7 +198,7 @@ def _cancel_for_dependency(*, dependent_id: int, dependency_id: int, ended: str)
     if job.current_hold_id is not None:
         _release_whole_hold(hold_id=job.current_hold_id, key=f"job:{job.pk}:dependency-failed", actor=None)
     transition(job, S.CANCELLED, reason_code=reasons.DEPENDENCY_FAILED, end_reason=reasons.DEPENDENCY_FAILED,
-               wait_reason="", wait_detail="", held=False, held_by_operator=False,
+               wait_reason="", wait_detail="", expected_start_at=None, held=False, held_by_operator=False,
                data={"dependency": dependency_id, "dependency_state": ended})
     return 1
 
@@ -305,7 +305,8 @@ def cancel_job(*, job: Job, actor: Any = None) -> Job:
         if hold is not None:
             _release_whole_hold(hold_id=hold.pk, key=f"job:{job.pk}:cancel", actor=actor)
         return transition(job, S.CANCELLED, reason_code="cancelled", actor=actor, end_reason="cancelled",
-                          wait_reason="", wait_detail="", held=False, held_by_operator=False)
+                          wait_reason="", wait_detail="", expected_start_at=None, held=False,
+                          held_by_operator=False)
     if job.state in (S.SCHEDULED, S.RUNNING):
         attempt = JobAttempt.objects.filter(job=job, state__in=LIVE_ATTEMPT_STATES).first()
         if attempt is not None:
@@ -404,7 +405,7 @@ def requeue(
     retry_at = reasons.utc_time(not_before.timestamp()) if not_before else ""
     wait = (reasons.BACKOFF, f"retry not before {retry_at}") if not_before else ("", "")
     transition(job, S.QUEUED, reason_code=reason_code, data=data, not_before=not_before,
-               current_hold=None, wait_reason=wait[0], wait_detail=wait[1])
+               current_hold=None, wait_reason=wait[0], wait_detail=wait[1], expected_start_at=None)
     fund_job(job=job)
     return job
 
@@ -430,7 +431,7 @@ def fund_job(*, job: Job) -> bool:
             retry_at = job.not_before
         detail = str(error.detail)[:255]
         changed = Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
-            wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at
+            wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at, expected_start_at=None
         )
         if changed and (job.wait_reason, job.wait_detail) != (reasons.BUDGET, detail):
             record(action="sched.job.funding_refused", subject_type="job", subject_id=job.pk,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.test import Client
@@ -146,6 +146,12 @@ def test_jobs_show_state_and_why_they_wait(world: World) -> None:
     assert row
     assert "Queued" in row.group(1)
     assert "<code>quota_exceeded</code> org quota of 2 H100 in use" in row.group(1)
+    assert "expected to start" not in row.group(1)  # no reservation
+    world.job.expected_start_at = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
+    world.job.save()
+    html = _client(world.alice).get("/").content.decode()
+    row = re.search(rf'<tr data-job="{world.job.id}">(.*?)</tr>', html, re.S)
+    assert row and "expected to start by 2026-12-01 09:30 UTC" in row.group(1)
 
 
 def test_a_queued_job_shows_where_it_stands_in_the_queue(world: World) -> None:

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from audit.models import AuditEvent
 from ledger.models import Hold
@@ -28,7 +29,7 @@ from scheduling.models import (
     SchedulerPass,
 )
 from scheduling.services.tick import run_scheduling_pass
-from tests.factories import fund
+from tests.factories import OrgMembershipFactory, fund
 from tests.scheduling.conftest import A100_PRICE, H100_PRICE, priority
 
 pytestmark = pytest.mark.django_db
@@ -314,9 +315,64 @@ def test_a_job_waiting_for_its_quota_is_not_overtaken_by_a_later_job_of_its_org(
     later.refresh_from_db()
     assert urgent.wait_reason == "quota"
     assert "; quota reserved for it from " in urgent.wait_detail and urgent.wait_detail.endswith(" on H100")
+    # Its quota room comes when the running job reaches its max wall: its expected start.
+    assert abs((urgent.expected_start_at - (started + timedelta(hours=1))).total_seconds()) < 1e-3
+    assert later.expected_start_at is None
     assert (later.wait_reason, later.wait_detail) == (
         f"reserved-for-job-{urgent.pk}",
         f"fits under its org's concurrent-GPU quota on H100 only by delaying job {urgent.pk}",
     )
     assert AuditEvent.objects.filter(action="sched.skip", subject_id=str(later.pk),
                                      reason_code=f"reserved-for-job-{urgent.pk}").exists()
+
+
+def test_a_blocked_job_shows_when_its_reservation_expects_it_to_start(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """Slurm's `squeue --start`: the EASY reservation's start (the running job's max wall) is the
+    blocked job's `expected_start_at`, in the API; a hold or a placement clears it."""
+    from rest_framework.test import APIClient
+
+    from scheduling.services.holding import hold_job, release_job
+
+    started = timezone.now() - timedelta(minutes=10)
+    running = make_job(JobState.RUNNING, gpu_count=4, priority_class=priority("production"),
+                       preemptible=False)
+    attempt = make_attempt(running, AttemptState.RUNNING, started_at=started, scheduled_at=started)
+    for i in range(4):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=started)
+    big = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"])
+    small = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"], submitted_at=timezone.now())
+    OrgMembershipFactory(org=tenant["org"], user=tenant["user"])
+    api = APIClient()
+    api.force_authenticate(tenant["user"])
+
+    run_scheduling_pass(trigger="test")
+    big.refresh_from_db()
+    expected = started + timedelta(seconds=3600)
+    assert big.expected_start_at is not None
+    assert abs((big.expected_start_at - expected).total_seconds()) < 1e-3
+    shown = api.get(f"/api/v1/jobs/{big.pk}").json()["expected_start_at"]
+    assert shown is not None and abs((parse_datetime(shown) - expected).total_seconds()) < 1e-3
+    assert api.get(f"/api/v1/jobs/{small.pk}").json()["expected_start_at"] is None  # no reservation
+    run_scheduling_pass(trigger="test")  # the same reservation: nothing to rewrite
+    assert SchedulerPass.objects.order_by("pk").last().waiting_changed == 0  # type: ignore[union-attr]
+
+    hold_job(job=big, actor=tenant["user"])
+    assert Job.objects.get(pk=big.pk).expected_start_at is None
+    release_job(job=big, actor=tenant["user"])
+    run_scheduling_pass(trigger="test")
+    assert Job.objects.get(pk=big.pk).expected_start_at is not None
+
+    # The running job ends (and the other waiting job is gone): the blocked one is placed and
+    # expects nothing any more.
+    Job.objects.filter(pk=small.pk).update(state=JobState.CANCELLED)
+    fund(tenant["org"], 10**12)  # the test hold was priced below H100: the placement tops it up
+    Allocation.objects.filter(attempt=attempt).update(released_at=timezone.now())
+    JobAttempt.objects.filter(pk=attempt.pk).update(state=AttemptState.ENDED, ended_at=timezone.now())
+    Job.objects.filter(pk=running.pk).update(state=JobState.COMPLETED)
+    run_scheduling_pass(trigger="test")
+    big.refresh_from_db()
+    assert big.state == JobState.SCHEDULED and big.expected_start_at is None
+    assert api.get(f"/api/v1/jobs/{big.pk}").json()["expected_start_at"] is None

@@ -2,6 +2,7 @@
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 
 @pytest.mark.django_db
@@ -37,5 +38,6 @@ def test_wait_reason_update_is_heap_only(make_job):
             return cursor.fetchone()
 
     updated, hot = hot_updates()
-    _write_wait_reasons([(job.pk, "resources", "no node fits") for job in jobs])
+    start = timezone.now()  # an expected start is written in the same UPDATE, also unindexed
+    _write_wait_reasons([(job.pk, "resources", "no node fits", start) for job in jobs])
     assert hot_updates() == (updated + 3, hot + 3)
