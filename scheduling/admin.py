@@ -145,13 +145,17 @@ class AllocationInline(ReadOnlyAdminMixin, admin.TabularInline):
         return super().get_queryset(request).filter(released_at__isnull=True).select_related("attempt")
 
 
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
 @admin.register(Node)
 class NodeAdmin(ViewOnlyHistoryAdmin):
     """`state` is health (heartbeats and the silence sweep keep it; read-only here); an operator
     drains a node or takes it out of service with `cordon`, which heartbeats never undo."""
 
-    list_display = ("name", "region", "gpu_type", "gpu_count", "state", "cordon", "ib_group",
-                    "last_heartbeat_at")
+    list_display = ("name", "region", "gpu_type", "gpu_count", "state", "cordon", "maintenance_from",
+                    "maintenance_until", "ib_group", "last_heartbeat_at")
     list_filter = ("state", "cordon", "gpu_type", "region")
     search_fields = ("name", "ib_group", "nvlink_domain")
     readonly_fields = ("state", "last_heartbeat_at", "token_prefix", "agent_version", "registered_at")
@@ -160,6 +164,15 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
     actions = ("issue_token", "drain", "take_out_of_service", "return_to_service")
 
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        window = ("maintenance_from", "maintenance_until")
+        if change and any(f in form.changed_data for f in window):
+            from audit.models import AuditEvent
+            from audit.services import record
+
+            record(action="sched.node.maintenance", subject_type="node", subject_id=obj.pk,
+                   actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk),
+                   reason_code="maintenance-window",
+                   data={f: {"from": _iso(form.initial.get(f)), "to": _iso(getattr(obj, f))} for f in window})
         if change and "cordon" in form.changed_data:  # through the service: audited, evicts
             from scheduling.services.nodes import set_cordon
 

@@ -20,7 +20,16 @@ from django.db.models import Count, Q, Sum
 from accounts.models import Organization
 from config.clock import db_now
 from scheduling.adapter.snapshot import LIVE
-from scheduling.models import Allocation, GpuPrice, GpuType, Job, JobAttempt, JobState, Node, scheduling_state
+from scheduling.models import (
+    Allocation,
+    GpuPrice,
+    GpuType,
+    Job,
+    JobAttempt,
+    JobState,
+    Node,
+    scheduling_state_at,
+)
 
 NODE_STATES = ("ready", "draining", "unknown", "down")
 
@@ -50,11 +59,12 @@ def gpu_types() -> list[dict[str, Any]]:
         lambda: {"nodes": dict.fromkeys(NODE_STATES, 0), "regions": set(), "gpus": 0, "ready_gpus": 0,
                  "in_use_gpus": 0, "free_gpus": 0, "largest_free_on_one_node": 0}
     )
-    for node_id, type_id, region, count, state, cordon in Node.objects.values_list(
-        "id", "gpu_type_id", "region__code", "gpu_count", "state", "cordon"
+    for node_id, type_id, region, count, state, cordon, start, end in Node.objects.values_list(
+        "id", "gpu_type_id", "region__code", "gpu_count", "state", "cordon", "maintenance_from",
+        "maintenance_until",
     ):
         entry = per_type[type_id]
-        seen = scheduling_state(state, cordon)
+        seen = scheduling_state_at(state, cordon, now, start, end)
         entry["nodes"][seen] += 1
         entry["regions"].add(region)
         entry["gpus"] += count

@@ -1,5 +1,7 @@
 """The fleet (GPU types, prices, nodes), priority classes, quotas, jobs, attempts, allocations."""
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -81,6 +83,10 @@ class Node(models.Model):
     ib_group = models.CharField(max_length=64, blank=True, default="")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.DOWN)
     cordon = models.CharField(max_length=8, choices=NodeCordon.choices, blank=True, default="", db_default="")
+    # A planned maintenance window (Slurm's maintenance reservation): before it, the node takes only
+    # jobs that end (by their max wall) by its start; during it, no new job (as if drained).
+    maintenance_from = models.DateTimeField(null=True, blank=True)
+    maintenance_until = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # The agent's bearer token; only its SHA-256 is stored.
     token_prefix = models.CharField(max_length=16, unique=True, null=True, blank=True)
@@ -93,15 +99,43 @@ class Node(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(gpu_count__gt=0), name="node_gpu_count_positive"),
+            models.CheckConstraint(
+                # Both set, or neither: a comparison with a NULL would pass the CHECK.
+                condition=Q(maintenance_from__isnull=True, maintenance_until__isnull=True)
+                | Q(maintenance_from__isnull=False, maintenance_until__isnull=False,
+                    maintenance_until__gt=F("maintenance_from")),
+                name="node_maintenance_window_ordered",
+                violation_error_message="A maintenance window needs a start and an end after it.",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        super().clean()
+        start, end = self.maintenance_from, self.maintenance_until
+        if (start is None) != (end is None):
+            missing = "maintenance_until" if end is None else "maintenance_from"
+            raise ValidationError({missing: "A maintenance window needs both a start and an end."})
+        if start is not None and end is not None and end <= start:
+            raise ValidationError({"maintenance_until": "The window must end after it starts."})
+
     @property
     def scheduling_state(self) -> str:
         """The state the scheduler sees: an operator's cordon first, then health."""
         return scheduling_state(self.state, self.cordon)
+
+
+def scheduling_state_at(
+    state: str, cordon: str, now: Any, maintenance_from: Any, maintenance_until: Any
+) -> str:
+    """`scheduling_state` at `now`: a ready node inside its maintenance window takes no new job, so
+    the scheduler sees it draining."""
+    seen = scheduling_state(state, cordon)
+    if seen == "ready" and maintenance_from is not None and maintenance_from <= now < maintenance_until:
+        return "draining"
+    return seen
 
 
 def scheduling_state(state: str, cordon: str) -> str:

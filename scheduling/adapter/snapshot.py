@@ -40,7 +40,7 @@ from scheduling.models import (
     Node,
     PriorityClass,
     Quota,
-    scheduling_state,
+    scheduling_state_at,
 )
 from scheduling.services import dependencies
 
@@ -224,6 +224,10 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     ):
         gpus_of[attempt_id][node_id].append(index)
         used[node_id].add(index)
+    rows = Node.objects.values_list(
+        "id", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group", "state",
+        "cordon", "maintenance_from", "maintenance_until",
+    ).order_by("id")
     nodes = tuple(
         core.Node(
             id=node_id,
@@ -233,12 +237,10 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
             region=region,
             nvlink_domain=nvlink,
             ib_group=ib,
-            state=scheduling_state(state, cordon),
+            state=scheduling_state_at(state, cordon, now, start, end),
+            available_until=epoch(start) if start is not None and now < start else None,
         )
-        for node_id, type_name, count, region, nvlink, ib, state, cordon in Node.objects.values_list(
-            "id", "gpu_type__name", "gpu_count", "region__code", "nvlink_domain", "ib_group", "state",
-            "cordon",
-        ).order_by("id")
+        for node_id, type_name, count, region, nvlink, ib, state, cordon, start, end in rows
     )
     running: list[core.RunningJob] = []
     orgs: dict[int, int] = {}

@@ -38,6 +38,9 @@ class Node:
     nvlink_domain: str = ""
     ib_group: str = ""
     state: NodeState = "ready"
+    available_until: float | None = None
+    """When its next maintenance window starts (Slurm's maintenance reservation), if one is set: a
+    job may run on it only if it ends by then (by its max wall). None = no window ahead."""
 
 
 @dataclass(frozen=True, slots=True)

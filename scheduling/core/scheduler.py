@@ -19,6 +19,7 @@ from scheduling.core.fairshare import (
 from scheduling.core.feasibility import idle_fleet, why_never_fits
 from scheduling.core.model import (
     Allocation,
+    Node,
     PendingJob,
     PriorityClass,
     RunningJob,
@@ -35,6 +36,18 @@ FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
 _NONE: frozenset[int] = frozenset()
 Shape = tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]
 _NO_FREE_GANG = "no free gang of GPUs"
+
+
+def before_maintenance(snap: Snapshot) -> dict[int, Node]:
+    """Ready nodes whose maintenance window starts before the longest pending run could end (a
+    window further off constrains no job of this pass)."""
+    if all(n.available_until is None for n in snap.nodes):
+        return {}
+    longest = max((max((j.max_wall_seconds, *(w for _, w in j.max_wall_by_type))) for j in snap.pending),
+                  default=0.0)
+    horizon = snap.now + longest
+    return {n.id: n for n in snap.nodes
+            if n.available_until is not None and n.available_until < horizon and n.state == "ready"}
 
 
 def schedule(snapshot: Snapshot) -> Result:
@@ -76,8 +89,13 @@ class _Pass:
         self.now = snap.now
         self.classes = {c.name: c for c in self.cfg.priority_classes}
         self.rank_of = {c.name: c.rank for c in self.cfg.priority_classes}
+        # Nodes whose maintenance window starts before a pending job could end stay out of the
+        # pass (reservations and preemption never count on them); fill_before_maintenance() gives
+        # them the jobs that end in time.
+        self.limited = before_maintenance(snap)
+        nodes = [n for n in snap.nodes if n.id not in self.limited] if self.limited else snap.nodes
         self.state = FleetState(
-            snap.nodes, snap.running, self.cfg.end_time_packing, snap.now, self.cfg.grace_seconds
+            nodes, snap.running, self.cfg.end_time_packing, snap.now, self.cfg.grace_seconds
         )
         self.result = Result()
         self.types_sorted = sorted(
@@ -182,7 +200,57 @@ class _Pass:
                 self._wait_settled(order[i:])
                 break
             self.consider(job)
+        if self.limited and self.do_backfill:
+            self.fill_before_maintenance()
         return self.result
+
+    def fill_before_maintenance(self) -> None:
+        """Place waiting jobs that end (by max wall) before a node's maintenance window on it, in
+        priority order, best fit (the tightest free count). A backfill: no reservation counts on
+        these GPUs. Only jobs that wait for GPUs (not for their quota, budget or victims already
+        signalled) and only on the types they would take now (`not_deferred`); gangs of one node."""
+        free = {nid: {i for i in n.free_gpu_indices if 0 <= i < n.gpu_count}
+                for nid, n in self.limited.items()}
+        for r in self.snap.running:
+            for node_id, idx in r.allocations:
+                if node_id in free:
+                    free[node_id].difference_update(idx)
+        awaited = {d.for_job_id for d in self.result.preemptions}
+        pending = {j.id: j for j in self.snap.pending}
+        decisions = self.result.decisions
+        for i, decision in enumerate(decisions):
+            if not any(free.values()):
+                return
+            if not isinstance(decision, Skip) or decision.job_id in awaited or not (
+                decision.reason_code in (reasons.RESOURCES, reasons.PRIORITY)
+                or decision.reason_code.startswith(reasons.RESERVED_PREFIX)
+            ):
+                continue
+            job = pending[decision.job_id]
+            walls = self.walls(job)
+            if not job.budget_ok or not walls:
+                continue
+            fastest = min(walls, key=walls.__getitem__) if self.fair else next(iter(walls))
+            for t in self.not_deferred(job, list(walls), walls, fastest):
+                end = self.now + walls[t]
+                if self.quota.active and self.quota.block(job, t, end) is not None:
+                    continue
+                fits = [
+                    (len(free[nid]), nid) for nid, n in self.limited.items()
+                    if n.gpu_type == t and len(free[nid]) >= job.gpu_count and n.available_until >= end
+                    and (not job.regions or n.region in job.regions)
+                ]
+                if not fits:
+                    continue
+                node_id = min(fits)[1]
+                idx = tuple(sorted(free[node_id])[: job.gpu_count])
+                free[node_id].difference_update(idx)
+                price = self.snap.gpu_types[t].price_per_gpu_hour_micro
+                decisions[i] = Place(job.id, t, ((node_id, idx),), True, reasons.BACKFILLED, price, walls[t])
+                del self.result.wait_reasons[job.id]
+                self.result.reservations = [r for r in self.result.reservations if r.job_id != job.id]
+                self.quota.take(job, t, end)
+                break
 
     def _wait_settled(self, jobs: list[PendingJob]) -> None:
         """consider() for the rest of the queue once nothing_can_start() holds, in one loop.

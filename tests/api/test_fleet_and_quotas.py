@@ -50,6 +50,14 @@ def test_gpu_types_give_price_capacity_and_what_is_free_now(
     a100 = _by_name(response.json())["A100"]
     assert (a100["price_per_gpu_hour"], a100["next_price"], a100["in_use_gpus"]) == (A100_PRICE, None, 0)
 
+    # A ready node inside its maintenance window counts as draining, as the scheduler sees it.
+    Node.objects.filter(name="h100-drained").update(cordon="")
+    Node.objects.create(name="h100-maintenance", region=eu, gpu_type=fleet["H100"], gpu_count=8,
+                        state=NodeState.READY, maintenance_from=timezone.now() - timedelta(minutes=5),
+                        maintenance_until=timezone.now() + timedelta(hours=1))
+    h100 = _by_name(api.get("/api/v1/gpu-types").json())["H100"]
+    assert h100["nodes"] == {"ready": 3, "draining": 1, "unknown": 0, "down": 1}
+
 
 def test_gpu_types_take_no_parameters(api: APIClient) -> None:
     response = api.get("/api/v1/gpu-types?region=eu")

@@ -376,3 +376,28 @@ def test_a_blocked_job_shows_when_its_reservation_expects_it_to_start(
     big.refresh_from_db()
     assert big.state == JobState.SCHEDULED and big.expected_start_at is None
     assert api.get(f"/api/v1/jobs/{big.pk}").json()["expected_start_at"] is None
+
+
+def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    node = fleet["node"]
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(maintenance_from=now + timedelta(hours=2),
+                                           maintenance_until=now + timedelta(hours=5))
+    fund(tenant["org"], 10**12)
+    long = make_job(JobState.QUEUED, gpu_count=4, gpu_types=["H100"], max_wall_seconds=3 * 3600)
+    short = make_job(JobState.QUEUED, gpu_count=4, gpu_types=["H100"], max_wall_seconds=3600)
+    (pending_node,) = load_snapshot(now=now).snapshot.nodes
+    assert pending_node.state == "ready" and pending_node.available_until == pytest.approx(
+        (now + timedelta(hours=2)).timestamp(), abs=1e-3)
+
+    run_scheduling_pass(trigger="test")
+    assert Job.objects.get(pk=short.pk).state == JobState.SCHEDULED
+    waiting = Job.objects.get(pk=long.pk)
+    assert waiting.state == JobState.QUEUED and waiting.wait_reason == "resources"
+
+    # Inside the window the node takes nothing new, as if drained; after it, it is a node again.
+    assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].state == "draining"
+    after = load_snapshot(now=now + timedelta(hours=6)).snapshot.nodes[0]
+    assert (after.state, after.available_until) == ("ready", None)

@@ -260,3 +260,34 @@ def test_releasing_a_job_that_is_not_held_says_so(staff: Client, fleet: dict[str
                           {"action": "release", "_selected_action": [job.pk]}, follow=True)
     shown = [str(m) for m in response.context["messages"]]
     assert shown == [f"Job {job.pk} is not held; nothing to release."]  # QA: said "1 job released"
+
+
+def test_an_operator_plans_a_maintenance_window_on_a_node(staff: Client, fleet: dict[str, Any]) -> None:
+    from audit.models import AuditEvent
+
+    node = fleet["node"]
+    url = reverse("admin:scheduling_node_change", args=[node.pk])
+    start, end = timezone.now() + timedelta(hours=2), timezone.now() + timedelta(hours=4)
+    form = {"name": node.name, "region": node.region_id, "gpu_type": node.gpu_type_id, "gpu_count": 8,
+            "nvlink_domain": "", "ib_group": node.ib_group, "cordon": "",
+            "allocations-TOTAL_FORMS": 0, "allocations-INITIAL_FORMS": 0}
+
+    def window(a: Any, b: Any) -> dict[str, str]:
+        out = {}
+        for name, value in (("maintenance_from", a), ("maintenance_until", b)):
+            out[f"{name}_0"] = value.strftime("%Y-%m-%d") if value else ""
+            out[f"{name}_1"] = value.strftime("%H:%M:%S") if value else ""
+        return out
+
+    refused = staff.post(url, {**form, **window(end, start)})
+    assert refused.status_code == 200 and b"The window must end after it starts." in refused.content
+    half = staff.post(url, {**form, **window(start, None)})
+    assert half.status_code == 200 and b"needs both a start and an end" in half.content
+    assert staff.post(url, {**form, **window(start, end)}).status_code == 302
+    node.refresh_from_db()
+    assert node.maintenance_from is not None and abs((node.maintenance_from - start).total_seconds()) < 1
+    event = AuditEvent.objects.get(action="sched.node.maintenance")
+    assert event.actor_id and event.data["maintenance_from"]["from"] is None
+    assert event.data["maintenance_until"]["to"].startswith(end.strftime("%Y-%m-%dT%H:%M:%S"))
+    with pytest.raises(IntegrityError), transaction.atomic():  # and the database refuses half a window
+        Node.objects.filter(pk=node.pk).update(maintenance_until=None)

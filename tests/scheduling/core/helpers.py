@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from scheduling.core import (
@@ -84,19 +85,7 @@ def snap(
     for r in run:
         for nid, idx in r.allocations:
             busy.setdefault(nid, set()).update(idx)
-    fixed = tuple(
-        Node(
-            n.id,
-            n.gpu_type,
-            n.gpu_count,
-            n.free_gpu_indices - busy.get(n.id, set()),
-            n.region,
-            n.nvlink_domain,
-            n.ib_group,
-            n.state,
-        )
-        for n in nodes
-    )
+    fixed = tuple(replace(n, free_gpu_indices=n.free_gpu_indices - busy.get(n.id, set())) for n in nodes)
     return Snapshot(
         now=now,
         gpu_types=TYPES,

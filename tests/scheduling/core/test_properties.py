@@ -17,6 +17,7 @@ CLASSES = ("production", "premium", "standard", "batch", "interactive")
 def snapshots(draw: st.DrawFn) -> Snapshot:
     n_nodes = draw(st.integers(1, 8))
     nodes: list[Node] = []
+    now = 100_000.0
     for nid in range(n_nodes):
         gpus = draw(st.sampled_from((1, 2, 4, 8)))
         nodes.append(
@@ -29,10 +30,11 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 nvlink_domain=f"nv{nid % 2}",
                 ib_group=draw(st.sampled_from(("", "a", "b"))),
                 state=draw(st.sampled_from(("ready", "ready", "ready", "draining", "unknown", "down"))),
+                # A maintenance window ahead (or just begun) on some nodes.
+                available_until=draw(st.sampled_from((None, None, None, now + 3600, now + 50_000, now - 10))),
             )
         )
     run: list[RunningJob] = []
-    now = 100_000.0
     for k in range(draw(st.integers(0, 8))):
         n = draw(st.sampled_from(nodes))
         free = sorted(
@@ -102,6 +104,8 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
             assert TYPES[n.gpu_type].memory_gb >= job.gpu_memory_gb
             assert not job.regions or n.region in job.regions
             assert all(0 <= i < n.gpu_count for i in idx)
+            # Nothing runs into a node's maintenance window (by its max wall).
+            assert n.available_until is None or s.now + p.max_wall_seconds <= n.available_until
             for i in idx:
                 assert (nid, i) not in used, "GPU double-allocated"
                 used.add((nid, i))
