@@ -38,6 +38,8 @@ class StatementCsvRenderer(BaseRenderer):
                 f'attachment; filename="gpubank-org-{data["org"]}-{data["month"]}.csv"')
         writer.writerow(HEADER)
         writer.writerow(("opening balance", "", "", "", data["opening"]["total"], "", data["starts_at"]))
+        for part in ("available", "held"):  # held: promised to jobs queued or running then
+            writer.writerow((f"opening {part}", "", "", "", data["opening"][part], "", data["starts_at"]))
         for issue in data["issues"]:
             writer.writerow(("issued", "", "", cell(issue["reference"]), issue["amount"], "", issue["at"]))
         for line in data["consumption"]:
@@ -46,5 +48,7 @@ class StatementCsvRenderer(BaseRenderer):
         for name in ("issued", "consumed", "expired", "voided"):
             writer.writerow((f"total {name}", "", "", "", data[name], "", ""))
         writer.writerow(("closing balance", "", "", "", data["closing"]["total"], "", data["ends_at"]))
+        for part in ("available", "held"):
+            writer.writerow((f"closing {part}", "", "", "", data["closing"][part], "", data["ends_at"]))
         writer.writerow(("status", "", "", "final" if data["final"] else "provisional", "", "", ""))
         return out.getvalue().encode()

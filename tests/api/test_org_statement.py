@@ -86,6 +86,10 @@ def test_the_statement_as_csv(month_of_activity: dict[str, Any], tenant: Tenant)
     assert int(by_section["total voided"]["amount_micro_credits"]) == 5 * MICRO
     closing = int(by_section["closing balance"]["amount_micro_credits"])
     assert closing == 90 * MICRO + 1050 * MICRO - cost - 5 * MICRO
+    parts = [int(by_section[f"closing {p}"]["amount_micro_credits"]) for p in ("available", "held")]
+    assert sum(parts) == closing and parts[1] == balance_breakdown(org=org)["totals"]["held"] > 0
+    assert int(by_section["opening available"]["amount_micro_credits"]) == 90 * MICRO
+    assert int(by_section["opening held"]["amount_micro_credits"]) == 0
     assert by_section["status"]["reference"] == "provisional"  # the month in progress
     accepted = client_for(tenant.admin).get(f"/api/v1/orgs/{org.pk}/statement", HTTP_ACCEPT="text/csv")
     assert accepted.content == response.content
