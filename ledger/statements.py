@@ -128,7 +128,8 @@ def org_statement(*, org: Organization, month: str) -> Statement:
     so a capture committing meanwhile is in all of them or in none, and it adds up. A transaction
     is dated by its start: one that began in the last instants of a month and commits after it
     ended still lands in that month, so a month's statement can change for a few seconds after;
-    `final` says when it no longer can (checked before the snapshot is taken)."""
+    `final` says when it no longer can (checked before the snapshot is taken; inside a caller's
+    transaction, whose snapshot may be older, as tests read it, that order is the caller's)."""
     settled = _settled(parse_month(month)[1])
     if connection.in_atomic_block:  # the caller's transaction is the snapshot (tests, a bigger read)
         statement = _statement(org=org, month=month)
@@ -142,15 +143,15 @@ def org_statement(*, org: Organization, month: str) -> Statement:
     return statement
 
 
-# Another connection's transaction that began before the cutoff, or one whose activity this role
-# may not read (its state is hidden: it might be one).
+# Another connection's transaction that began before the cutoff; a session whose activity this
+# role may not read (PostgreSQL then hides its backend_type, state and xact_start: grant the role
+# pg_read_all_stats); or a prepared (two-phase) transaction, which pg_stat_activity no longer shows.
 _OPEN_BEFORE = """
     SELECT EXISTS (
         SELECT 1 FROM pg_stat_activity
         WHERE datname = current_database() AND pid <> pg_backend_pid()
-          AND backend_type = 'client backend'
-          AND (xact_start < %s OR (state IS NULL AND xact_start IS NULL))
-    )
+          AND ((backend_type = 'client backend' AND xact_start < %s) OR backend_type IS NULL)
+    ) OR EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE database = current_database())
 """
 
 
@@ -159,7 +160,9 @@ def _settled(month_end: datetime) -> bool:
     other connection has a transaction open that began before it (PostgreSQL; on SQLite, one writer
     at a time, the clock alone). A ledger transaction is dated by its start, so one begun earlier
     may still commit into the month; one begun after this check is dated after it. Read before the
-    statement's snapshot, so whatever committed before the check is in it."""
+    statement's snapshot, so whatever committed before the check is in it. Conservative: a session
+    this role cannot see (another role's, without pg_read_all_stats) or a prepared transaction
+    keeps every month provisional."""
     if ledger_now() < month_end:
         return False
     if connection.vendor != "postgresql":

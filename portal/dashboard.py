@@ -41,16 +41,20 @@ def _running_jobs() -> list[dict[str, Any]]:
     return jobs
 
 
-def _node_state(node: Any) -> str:
-    """Health, unless an operator drained the node or took it out of service."""
+def _node_state(node: Any, now: Any) -> str:
+    """Health, unless an operator drained the node, took it out of service or it is inside its
+    maintenance window (the scheduler then treats a ready node as draining)."""
     if node.cordon == NodeCordon.DOWN:
         return "out-of-service"
     if node.cordon == NodeCordon.DRAIN:
         return "draining" if node.state == NodeState.READY else f"{node.state}, draining"
+    start, end = node.maintenance_from, node.maintenance_until
+    if start is not None and start <= now < end:
+        return "maintenance" if node.state == NodeState.READY else f"{node.state}, maintenance"
     return node.state
 
 
-def _fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _fleet(now: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     utilization = selectors.node_utilization()
     nodes = []
     by_type: dict[str, dict[str, Any]] = defaultdict(
@@ -62,7 +66,7 @@ def _fleet() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             {
                 "name": node.name,
                 "gpu_type": node.gpu_type.name,
-                "state": _node_state(node),
+                "state": _node_state(node, now),
                 "gpus": node.gpu_count,
                 "allocated": node.allocated,
                 "utilization": round(util, 1) if util is not None else None,
@@ -121,7 +125,7 @@ def _queue_by_reason(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def build_snapshot() -> Snapshot:
     """Everything the dashboard shows, for every org (cut down per viewer by `for_scope`)."""
     now = db_now()
-    nodes, gpu_types = _fleet()
+    nodes, gpu_types = _fleet(now)
     consumption = [
         {**row, "display": credits(row["amount"])} for row in selectors.consumption_by_org()
     ]

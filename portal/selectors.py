@@ -137,7 +137,8 @@ def queue_by_org_and_reason() -> list[dict]:
 
     A job waits from its submission, or from its release (`aging_from`) when later; the time it
     ran since in earlier attempts (preempted, evicted) is not waiting, so it moves that instant
-    later, as the scheduler's aging counts it (`run_seconds`, `prior_run_seconds`).
+    later, as the scheduler's aging counts it (`run_seconds`, `prior_run_seconds`; aging also
+    starts no earlier than a job's last dependency ended, which this does not read).
 
     Returns [{"org_id", "reason", "jobs", "gpus", "oldest"}]; `reason` is "" for a job no
     scheduling pass has looked at yet.

@@ -169,6 +169,9 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
             from audit.models import AuditEvent
             from audit.services import record
 
+            # FOR UPDATE, as a cordon: a scheduling pass writing now (FOR KEY SHARE on its nodes)
+            # finishes first, or sees the window in its re-check (writer._nodes_in_service).
+            list(Node.objects.select_for_update().filter(pk=obj.pk).values_list("pk", flat=True))
             record(action="sched.node.maintenance", subject_type="node", subject_id=obj.pk,
                    actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk),
                    reason_code="maintenance-window",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -123,22 +123,35 @@ def release_excess(*, job_id: int, attempt: JobAttempt, row: PendingRow, gpu_typ
     return excess
 
 
-def _nodes_in_service(node_ids: set[int]) -> set[int]:
-    """Those of `node_ids` still ready and not cordoned. On PostgreSQL the rows are locked FOR KEY
-    SHARE: a cordon (`nodes.set_cordon`, FOR UPDATE) committed since the snapshot is seen here, and
-    one that comes later waits for this pass, whose attempts its eviction then finds. Heartbeats
-    (plain UPDATEs of non-key columns) do not wait for it."""
+def _nodes_in_service(node_ids: set[int]) -> dict[int, tuple[Any, Any]]:
+    """Those of `node_ids` still ready and not cordoned, with their maintenance window (start, end).
+    On PostgreSQL the rows are locked FOR KEY SHARE: a cordon (`nodes.set_cordon`, FOR UPDATE) or
+    a window (the node admin, FOR UPDATE) committed since the snapshot is seen here, and one that
+    comes later waits for this pass, whose attempts its eviction then finds. Heartbeats (plain
+    UPDATEs of non-key columns) do not wait for it."""
     if not node_ids:
-        return set()
+        return {}
     table = Node._meta.db_table
     lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""  # SQLite: one writer at a time
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id FROM {table} WHERE id IN ({', '.join(['%s'] * len(node_ids))}) "  # noqa: S608
+            f"SELECT id, maintenance_from, maintenance_until FROM {table} "  # noqa: S608
+            f"WHERE id IN ({', '.join(['%s'] * len(node_ids))}) "
             f"AND state = %s AND cordon = %s ORDER BY id{lock}",
             [*sorted(node_ids), NodeState.READY, NodeCordon.NONE],
         )
-        return {row[0] for row in cursor.fetchall()}
+        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+
+
+def _clear_of_windows(place: core.Place, usable: dict[int, tuple[Any, Any]], now: datetime) -> bool:
+    """Whether the run (now .. now + its max wall) misses every maintenance window of its nodes
+    as they are now (one may have been set since the snapshot)."""
+    end = now + timedelta(seconds=place.max_wall_seconds)
+    for node_id, _ in place.allocations:
+        start, until = usable[node_id]
+        if start is not None and start < end and until > now:
+            return False
+    return True
 
 
 def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent]) -> None:
@@ -156,7 +169,8 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
     }
     usable = _nodes_in_service({n for p in places if p.job_id in locked for n, _ in p.allocations})
     numbers = {p.job_id: locked[p.job_id] for p in places
-               if p.job_id in locked and all(n in usable for n, _ in p.allocations)}
+               if p.job_id in locked and all(n in usable for n, _ in p.allocations)
+               and _clear_of_windows(p, usable, loaded.now)}
     applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
     funded = top_up_dearer(loaded, [p for p in places if p.job_id in numbers], events)
     done, conflicts = _insert_placements(funded, loaded, numbers)

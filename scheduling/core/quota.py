@@ -84,13 +84,14 @@ class QuotaBook:
         return any(self.claims.get(scope) for scope, _cap in self.capped(job, gpu_type))
 
     def block(
-        self, job: PendingJob, gpu_type: str, end: float, start: float | None = None
+        self, job: PendingJob, gpu_type: str, end: float, start: float | None = None, own_claims: bool = True
     ) -> QuotaBlock | None:
         """None when the job, running from `start` (default: now) until `end`, fits under its
         quotas on the type at its start and at the start of every claim before `end` (beside what
         still runs then and the claims begun by then). From now, a quota the job is over itself
         is named before any claim; from a later start (a reservation's), what runs now and ends
-        by then does not count."""
+        by then does not count. `own_claims=False`: the job's own claims (a reservation it made
+        earlier in the pass) do not count against it."""
         capped = list(self.capped(job, gpu_type))
         g = job.gpu_count
         if start is None:
@@ -98,7 +99,8 @@ class QuotaBook:
                 if self.used[scope] + g > cap:
                     return QuotaBlock(gpu_type, scope[0])
         for scope, cap in capped:
-            overlapping = sorted((c for c in self.claims.get(scope, ()) if c.start_at < end), key=_start)
+            overlapping = sorted((c for c in self.claims.get(scope, ())
+                                  if c.start_at < end and (own_claims or c.job_id != job.id)), key=_start)
             if not overlapping:
                 continue
             if start is None and self.used[scope] + g + sum(c.gpus for c in overlapping) <= cap:
@@ -252,6 +254,12 @@ class QuotaBook:
         self._exits[r.id] = exit_at
         for scope in _scopes(r.org_id, r.project_id, r.gpu_type):
             self._index.pop(scope, None)
+
+    def drop_claims(self, job_id: int) -> None:
+        """A job placed after all (on a node before its maintenance window): its claims go."""
+        for scope, claims in self.claims.items():
+            if any(c.job_id == job_id for c in claims):
+                self.claims[scope] = [c for c in claims if c.job_id != job_id]
 
     def claim(self, job: PendingJob, gpu_type: str, start_at: float, kind: str, end: float) -> None:
         for scope, cap in self.capped(job, gpu_type):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from scheduling.core import reasons
 from scheduling.core.backfill import Release, earliest_start, releases_by_type
@@ -38,16 +39,20 @@ Shape = tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]
 _NO_FREE_GANG = "no free gang of GPUs"
 
 
-def before_maintenance(snap: Snapshot) -> dict[int, Node]:
-    """Ready nodes whose maintenance window starts before the longest pending run could end (a
-    window further off constrains no job of this pass)."""
+def before_maintenance(snap: Snapshot, walls_of: Callable[[PendingJob], dict[str, float]]) -> dict[int, Node]:
+    """Ready nodes whose maintenance window starts before the longest run of a pending job that
+    accepts their GPU type could end (a window further off constrains no job of this pass)."""
     if all(n.available_until is None for n in snap.nodes):
         return {}
-    longest = max((max((j.max_wall_seconds, *(w for _, w in j.max_wall_by_type))) for j in snap.pending),
-                  default=0.0)
-    horizon = snap.now + longest
+    longest: dict[str, float] = {}
+    for job in snap.pending:
+        if job.budget_ok:
+            for t, wall in walls_of(job).items():
+                if wall > longest.get(t, 0.0):
+                    longest[t] = wall
     return {n.id: n for n in snap.nodes
-            if n.available_until is not None and n.available_until < horizon and n.state == "ready"}
+            if n.available_until is not None and n.state == "ready"
+            and n.available_until < snap.now + longest.get(n.gpu_type, 0.0)}
 
 
 def schedule(snapshot: Snapshot) -> Result:
@@ -89,19 +94,21 @@ class _Pass:
         self.now = snap.now
         self.classes = {c.name: c for c in self.cfg.priority_classes}
         self.rank_of = {c.name: c.rank for c in self.cfg.priority_classes}
-        # Nodes whose maintenance window starts before a pending job could end stay out of the
-        # pass (reservations and preemption never count on them); fill_before_maintenance() gives
-        # them the jobs that end in time.
-        self.limited = before_maintenance(snap)
-        nodes = [n for n in snap.nodes if n.id not in self.limited] if self.limited else snap.nodes
-        self.state = FleetState(
-            nodes, snap.running, self.cfg.end_time_packing, snap.now, self.cfg.grace_seconds
-        )
-        self.result = Result()
         self.types_sorted = sorted(
             snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
         )
         self._accept_cache: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
+        # Nodes whose maintenance window starts before a pending job of their type could end stay
+        # out of the pass (placement, reservations and preemption never count on them);
+        # fill_before_maintenance() gives them the jobs that end in time.
+        self.limited = before_maintenance(snap, self._walls_of)
+        nodes = [n for n in snap.nodes if n.id not in self.limited] if self.limited else snap.nodes
+        # node id -> start of its maintenance window, for the nodes kept in the pass
+        self.windows = {n.id: n.available_until for n in nodes if n.available_until is not None}
+        self.state = FleetState(
+            nodes, snap.running, self.cfg.end_time_packing, snap.now, self.cfg.grace_seconds
+        )
+        self.result = Result()
         self.quota = QuotaBook(snap.quotas, snap.running, snap.now, self.cfg.grace_seconds)
         self.fair = self.cfg.policy == "fair"
         self.do_backfill = self.cfg.policy == "fifo_backfill" or (self.fair and self.cfg.backfill)
@@ -218,8 +225,9 @@ class _Pass:
         awaited = {d.for_job_id for d in self.result.preemptions}
         pending = {j.id: j for j in self.snap.pending}
         decisions = self.result.decisions
+        most = max(len(f) for f in free.values())  # the largest gang that could still go there
         for i, decision in enumerate(decisions):
-            if not any(free.values()):
+            if most == 0:
                 return
             if not isinstance(decision, Skip) or decision.job_id in awaited or not (
                 decision.reason_code in (reasons.RESOURCES, reasons.PRIORITY)
@@ -227,13 +235,15 @@ class _Pass:
             ):
                 continue
             job = pending[decision.job_id]
+            if job.gpu_count > most or not job.budget_ok:
+                continue
             walls = self.walls(job)
-            if not job.budget_ok or not walls:
+            if not walls:
                 continue
             fastest = min(walls, key=walls.__getitem__) if self.fair else next(iter(walls))
             for t in self.not_deferred(job, list(walls), walls, fastest):
                 end = self.now + walls[t]
-                if self.quota.active and self.quota.block(job, t, end) is not None:
+                if self.quota.active and self.quota.block(job, t, end, own_claims=False) is not None:
                     continue
                 fits = [
                     (len(free[nid]), nid) for nid, n in self.limited.items()
@@ -249,7 +259,9 @@ class _Pass:
                 decisions[i] = Place(job.id, t, ((node_id, idx),), True, reasons.BACKFILLED, price, walls[t])
                 del self.result.wait_reasons[job.id]
                 self.result.reservations = [r for r in self.result.reservations if r.job_id != job.id]
+                self.quota.drop_claims(job.id)
                 self.quota.take(job, t, end)
+                most = max(len(f) for f in free.values())
                 break
 
     def _wait_settled(self, jobs: list[PendingJob]) -> None:
@@ -637,6 +649,8 @@ class _Pass:
             found = earliest_start(self.state, t, job.gpu_count, job.regions, rel, self.excluded)
             if found is None or (best is not None and found[0] >= best[0]):
                 continue
+            if self.runs_into_window(found[1], found[0] + walls[t]):
+                continue  # GPUs that go into maintenance before the job would end: no promise
             block = None
             if self.quota.active:
                 block = self.quota.block(job, t, found[0] + walls[t], start=found[0])
@@ -677,6 +691,14 @@ class _Pass:
         self.result.reservations.append(res)
         self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + walls[res.gpu_type])
         return res
+
+    def runs_into_window(self, allocations: Allocation, end: float) -> bool:
+        """Whether a run on these GPUs until `end` would cross a node's maintenance window (nodes
+        kept in the pass have none before the longest pending wall from now; a reservation or a
+        preemption starts later)."""
+        if not self.windows:
+            return False
+        return any(self.windows.get(node_id, end) < end for node_id, _ in allocations)
 
     def ever_fits(self, job: PendingJob, gpu_type: str) -> bool:
         """Whether the job's gang fits the type's nodes in its regions with every node idle: a
@@ -744,13 +766,15 @@ class _Pass:
         new = [v for v in plan.victims if v.preemption_requested_at is None]
         if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
             return False
+        start = max(not_before, *(self._exit_by(v) for v in plan.victims))
+        if self.runs_into_window(plan.allocations, start + self.walls(job)[t]):
+            return False  # the victims' GPUs would go into maintenance before the job could end
         self.preempted_now += len(new)
         for v in plan.victims:
             self.victims_claim(v)
         grace = self.cfg.grace_seconds
         for v in new:
             self.result.decisions.append(Preempt(v.id, v.attempt_id, job.id, grace, code))
-        start = max(not_before, *(self._exit_by(v) for v in plan.victims))
         self.add_reservation(job, Reservation(job.id, t, start, plan.allocations, "preemption"))
         ids = ",".join(str(v.id) for v in plan.victims)
         self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit{why}")

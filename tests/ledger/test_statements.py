@@ -193,3 +193,48 @@ def test_a_month_is_final_once_no_transaction_begun_in_it_can_still_commit() -> 
         after.close()
         next_month = org_statement(org=org, month=ledger_now().strftime("%Y-%m"))
         assert not next_month.final and next_month.consumed == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_the_role_may_not_see_keeps_a_month_provisional() -> None:
+    """Without pg_read_all_stats, PostgreSQL hides another role's sessions (backend_type, state and
+    xact_start read NULL): such a session might hold a transaction dated in the month."""
+    import os
+    import time
+
+    from django.db import connection
+
+    from ledger.statements import _OPEN_BEFORE
+
+    role = f"gpubank_reader_{os.getpid()}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} NOLOGIN")
+    try:
+        def open_before(cutoff: str) -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET ROLE {role}")
+                try:
+                    cursor.execute(_OPEN_BEFORE, [cutoff])
+                    return cursor.fetchone()[0]
+                finally:
+                    cursor.execute("RESET ROLE")
+
+        long_ago = "1970-01-02T00:00:00Z"  # no transaction began before it
+
+        def nothing_open() -> bool:
+            # A closed session's backend leaves pg_stat_activity a moment after its client.
+            deadline = time.monotonic() + 10
+            while open_before(long_ago) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return open_before(long_ago) is False
+
+        assert nothing_open()  # no other session
+        other = _OpenTransaction(lambda: Bucket.objects.count())  # the superuser's: hidden from the role
+        try:
+            assert open_before(long_ago) is True
+        finally:
+            other.close()
+        assert nothing_open()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP ROLE {role}")

@@ -102,3 +102,14 @@ def test_running_and_finished_jobs_are_not_in_the_queue(world: World) -> None:
     _queued(world, world.acme, world.vision, "resources", gpus=1, hours_ago=1)
     Job.objects.filter(name="wait-resources").update(state=JobState.CANCELLED)
     assert for_scope(build_snapshot(), dashboard_scope(world.carol))["queue"] == []
+
+
+def test_a_node_inside_its_maintenance_window_shows_it(world: World) -> None:
+    now = db_now()
+    Node.objects.filter(name="node-a1").update(maintenance_from=now - timedelta(minutes=5),
+                                               maintenance_until=now + timedelta(hours=1))
+    Node.objects.exclude(name="node-a1").update(maintenance_from=now + timedelta(hours=1),
+                                                maintenance_until=now + timedelta(hours=2))
+    states = {n["name"]: n["state"] for n in build_snapshot()["nodes"]}
+    assert states["node-a1"] == "maintenance"
+    assert all(state != "maintenance" for name, state in states.items() if name != "node-a1")  # not yet

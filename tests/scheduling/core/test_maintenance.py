@@ -78,3 +78,54 @@ def test_no_policy_places_a_job_that_would_run_into_the_window() -> None:
         res = schedule(snap([node(1, available_until=WINDOW)], [job(1, gpus=1, wall=3 * 3600)], now=NOW,
                             policy=policy))
         assert res.placements == [], policy
+
+
+def test_no_reservation_is_made_that_would_run_into_a_window() -> None:
+    """Review: a node beyond every pending wall from now stays in the pass, but a reservation
+    starts later: an 8 h job reserved from +5 h on a node whose window is at +10 h could never
+    start there, and it kept a job that ends in time off the free GPUs."""
+    nodes = [node(1, free=range(4, 8), available_until=NOW + 10 * 3600)]
+    run = [running(50, ((1, (0, 1, 2, 3)),), cls="production", preemptible=False, started=NOW,
+                   wall=5 * 3600)]
+    pending = [job(1, gpus=8, wall=8 * 3600, submitted=1.0), job(2, gpus=4, wall=6 * 3600, submitted=2.0)]
+    res = schedule(snap(nodes, pending, run, now=NOW))
+    assert res.reservations == []
+    assert [(p.job_id, p.allocations) for p in res.placements] == [(2, ((1, (4, 5, 6, 7)),))]
+
+
+def test_no_job_is_preempted_for_one_that_would_run_into_a_window() -> None:
+    window = NOW + 4 * 3600 + 60  # the production job's 4 h would end after it, once the victim has gone
+    nodes = [node(1, free=(), available_until=window)]
+    run = [running(50, ((1, tuple(range(8))),), cls="batch", started=NOW - 7200, wall=86_400)]
+    res = schedule(snap(nodes, [job(1, gpus=8, cls="production", wall=4 * 3600)], run, now=NOW,
+                        grace_seconds=120))
+    assert res.preemptions == []
+    later = schedule(snap([node(1, free=(), available_until=window + 3600)],
+                          [job(1, gpus=8, cls="production", wall=4 * 3600)], run, now=NOW, grace_seconds=120))
+    assert [p.job_id for p in later.preemptions] == [50]  # with room before the window it may
+
+
+def test_a_long_job_of_another_type_does_not_hold_a_node_out() -> None:
+    """Review: the horizon was the longest pending wall of any type, so a 7-day A100 job kept an
+    H100 node with a window in 3 days out of the pass, and a 16-GPU H100 gang could not run."""
+    nodes = [node(1, ib_group="ib", available_until=NOW + 3 * 86_400), node(2, ib_group="ib")]
+    gang = job(1, gpus=16, wall=3600, gpu_types=("H100",), submitted=1.0)
+    a100 = job(2, gpus=1, wall=7 * 86_400, gpu_types=("A100",), submitted=2.0)
+    res = schedule(snap(nodes, [gang, a100], now=NOW))
+    assert [p.job_id for p in res.placements] == [1]
+
+
+def test_a_job_placed_before_a_window_is_not_held_back_by_its_own_quota_claim() -> None:
+    """Review: the job's EASY reservation claimed its quota room; the fill counted that claim
+    against the job itself, beside the job, and refused it."""
+    nodes = [node(1, free=(7,)), node(2, available_until=WINDOW)]
+    run = [
+        running(50, ((1, (0,)),), cls="production", preemptible=False, org_id=1, project_id=10, started=NOW,
+                wall=86_400),
+        running(51, ((1, (1, 2, 3, 4, 5, 6)),), cls="production", preemptible=False, org_id=2,
+                project_id=20, started=NOW, wall=3600),
+    ]
+    pending = [job(1, gpus=4, wall=5400, org_id=1, gpu_types=("H100",), submitted=1.0),  # reserved from +1 h
+               job(3, gpus=8, wall=3 * 3600, org_id=3, project_id=30, gpu_types=("H100",), submitted=3.0)]
+    res = schedule(snap(nodes, pending, run, quotas=Quotas(org={(1, "H100"): 8}), now=NOW))
+    assert [(p.job_id, p.allocations[0][0]) for p in res.placements] == [(1, 2)]

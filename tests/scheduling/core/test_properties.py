@@ -113,6 +113,12 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
         assert len(groups) == 1  # one node, or one IB group
     for nid, n in nodes.items():
         assert sum(1 for m, _ in used if m == nid) <= n.gpu_count
+    # Nor does a reservation (EASY or preemption) promise GPUs a window takes before the job ends.
+    for r in res.reservations:
+        wall = next(j for j in s.pending if j.id == r.job_id).max_wall_seconds
+        for nid, _ in r.allocations:
+            until = nodes[nid].available_until
+            assert until is None or r.start_at + wall <= until
     # Every pending job exactly once, with a Place or a Skip carrying a known reason.
     decided = [d.job_id for d in res.decisions if not hasattr(d, "for_job_id")]
     assert sorted(decided) == sorted(j.id for j in s.pending)
