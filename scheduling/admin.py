@@ -75,11 +75,33 @@ class GpuPriceInline(admin.TabularInline):
         return False
 
 
+def audit_setting(request: HttpRequest, action: str, obj: Any, verb: str, subject_id: Any,
+                  data: dict[str, Any]) -> None:
+    """`<action>.<verb>` (e.g. `sched.price.added`) by the request's user, with what changed."""
+    from audit.models import AuditEvent
+    from audit.services import record
+
+    record(action=f"{action}.{verb}", subject_type=obj._meta.model_name,
+           subject_id=subject_id, org_id=getattr(obj, "org_id", None),
+           actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk), reason_code=verb,
+           data={"object": str(obj), **data})
+
+
 @admin.register(GpuType)
 class GpuTypeAdmin(ViewOnlyHistoryAdmin):
     list_display = ("name", "memory_gb")
     search_fields = ("name",)
     inlines = (GpuPriceInline,)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        """A price added here is audited as one added on the GPU prices page (QA: it was not)."""
+        super().save_formset(request, form, formset, change)
+        for price in getattr(formset, "new_objects", ()):
+            if isinstance(price, GpuPrice):
+                fields = {"gpu_type": str(price.gpu_type),
+                          "price_per_gpu_hour": str(price.price_per_gpu_hour),
+                          "effective_from": str(price.effective_from)}
+                audit_setting(request, "sched.price", price, "added", price.pk, {"fields": fields})
 
 
 class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
@@ -91,13 +113,7 @@ class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
 
     def _audit(self, request: HttpRequest, obj: Any, verb: str, subject_id: Any,
                data: dict[str, Any]) -> None:
-        from audit.models import AuditEvent
-        from audit.services import record
-
-        record(action=f"{self.audit_action}.{verb}", subject_type=self.model._meta.model_name,
-               subject_id=subject_id, org_id=getattr(obj, "org_id", None),
-               actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk), reason_code=verb,
-               data={"object": str(obj), **data})
+        audit_setting(request, self.audit_action, obj, verb, subject_id, data)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
@@ -162,6 +178,15 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
     exclude = ("token_hash",)
     inlines = (AllocationInline,)
     actions = ("issue_token", "drain", "take_out_of_service", "return_to_service")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> Any:
+        """Once its agent has registered, a node's GPU count is what the agent reported (its
+        inventory; registration refuses a count below allocated GPUs). QA: a count edited here
+        above the hardware's let the scheduler allocate GPUs that do not exist, and the jobs failed."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and obj.registered_at is not None:
+            fields += ("gpu_count",)
+        return fields
 
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
         window = ("maintenance_from", "maintenance_until")

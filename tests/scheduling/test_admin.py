@@ -291,3 +291,45 @@ def test_an_operator_plans_a_maintenance_window_on_a_node(staff: Client, fleet: 
     assert event.data["maintenance_until"]["to"].startswith(end.strftime("%Y-%m-%dT%H:%M:%S"))
     with pytest.raises(IntegrityError), transaction.atomic():  # and the database refuses half a window
         Node.objects.filter(pk=node.pk).update(maintenance_until=None)
+
+
+def test_a_price_added_on_the_gpu_type_page_is_audited(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: a price added inline on the GPU type page left no `sched.price.added` event."""
+    from audit.models import AuditEvent
+
+    h100 = fleet["h100"]
+    when = timezone.now() + timedelta(days=2)
+    page = staff.get(reverse("admin:scheduling_gputype_change", args=[h100.pk]))
+    prefix = page.context["inline_admin_formsets"][0].formset.prefix
+    existing = GpuPrice.objects.filter(gpu_type=h100).count()
+    body = {"name": "H100", "memory_gb": 80,
+            f"{prefix}-TOTAL_FORMS": existing + 1, f"{prefix}-INITIAL_FORMS": existing,
+            f"{prefix}-MIN_NUM_FORMS": 0, f"{prefix}-MAX_NUM_FORMS": 1000}
+    for i, price in enumerate(GpuPrice.objects.filter(gpu_type=h100).order_by("-effective_from")):
+        body[f"{prefix}-{i}-id"] = price.pk
+        body[f"{prefix}-{i}-gpu_type"] = h100.pk
+    body.update({f"{prefix}-{existing}-price_per_gpu_hour": 7_000_000,
+                 f"{prefix}-{existing}-effective_from_0": when.strftime("%Y-%m-%d"),
+                 f"{prefix}-{existing}-effective_from_1": when.strftime("%H:%M:%S"),
+                 f"{prefix}-{existing}-gpu_type": h100.pk})
+    response = staff.post(reverse("admin:scheduling_gputype_change", args=[h100.pk]), body)
+    assert response.status_code == 302, response.content[:3000]
+    assert GpuPrice.objects.filter(gpu_type=h100, price_per_gpu_hour=7_000_000).exists()
+    [event] = AuditEvent.objects.filter(action="sched.price.added")
+    assert event.data["fields"]["price_per_gpu_hour"] == "7000000" and event.actor_id
+
+
+def test_a_registered_nodes_gpu_count_is_its_agents(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: 12 GPUs typed on an 8-GPU node let the scheduler allocate indices 8-11; the agent refused
+    them and the jobs failed. Once registered, the count is the agent's inventory."""
+    node = fleet["node"]
+    url = reverse("admin:scheduling_node_change", args=[node.pk])
+    form = {"name": node.name, "region": node.region_id, "gpu_type": node.gpu_type_id, "gpu_count": 12,
+            "nvlink_domain": "", "ib_group": node.ib_group, "cordon": "",
+            "allocations-TOTAL_FORMS": 0, "allocations-INITIAL_FORMS": 0}
+    Node.objects.filter(pk=node.pk).update(registered_at=timezone.now())
+    assert staff.post(url, form).status_code == 302
+    assert Node.objects.get(pk=node.pk).gpu_count == 8  # the field is read-only: ignored
+    Node.objects.filter(pk=node.pk).update(registered_at=None)  # before its agent registers: editable
+    assert staff.post(url, form).status_code == 302
+    assert Node.objects.get(pk=node.pk).gpu_count == 12
