@@ -224,15 +224,22 @@ class QuotaBook:
     def detail(self, job: PendingJob, types: Sequence[str]) -> str:
         """Which quota binds on each type, e.g. "concurrent-GPU quota: H100 project 6 of 8 in use,
         A100 org 4 of 4 in use; needs 4" (the first binding level per type); a quota smaller than
-        the job says it must be raised."""
+        the job says it must be raised, first (QA: a project quota below the job went unsaid while
+        the org's bound too, as if the job would start once the org had room)."""
         parts, g = [], job.gpu_count
         for t in types:
-            level: Level = "org"
-            lim, used = self.quotas.org.get((job.org_id, t)), self.used[("org", job.org_id, t)]
-            if lim is None or used + g <= lim:
-                level = "project"
-                lim = self.quotas.project.get((job.project_id, t))
-                used = self.used[("project", job.project_id, t)]
+            org = (self.quotas.org.get((job.org_id, t)), self.used[("org", job.org_id, t)])
+            project = (self.quotas.project.get((job.project_id, t)),
+                       self.used[("project", job.project_id, t)])
+            level: Level
+            if org[0] is not None and g > org[0]:
+                level, (lim, used) = "org", org
+            elif project[0] is not None and g > project[0]:
+                level, (lim, used) = "project", project
+            elif org[0] is not None and org[1] + g > org[0]:
+                level, (lim, used) = "org", org
+            else:
+                level, (lim, used) = "project", project
             part = f"{t} {level} {used} of {lim} in use"
             if lim is not None and g > lim:
                 part += " (a quota smaller than the job: it starts there only once the quota is raised)"

@@ -423,7 +423,13 @@ class _Pass:
                     f"would take {block.level} quota room promised to job {block.holder}{exempt}"
                 )
                 return self.skip(job, reasons.RESOURCES, detail)
-            detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
+            if self.windows or any(self.res_by_type.get(t) for t in types):
+                # Not "never fits": its types are reserved for other jobs this pass (QA: a grace
+                # period's preemption claim made every other job of the type "not fit"), or a
+                # maintenance window refused the reservation.
+                detail = _NO_FREE_GANG + self._unfit_note(job) + exempt
+            else:
+                detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
             return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)
         detail = _NO_FREE_GANG + self._unfit_note(job) + exempt
         return self._skip_shape(job, shape, types, walls, reasons.RESOURCES, detail)

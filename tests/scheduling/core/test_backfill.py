@@ -82,3 +82,13 @@ def test_job_bigger_than_ready_fleet_gets_no_reservation() -> None:
     res = schedule(snap([node(1)], [job(1, gpus=64), job(2, gpus=1, cls="batch")]))
     assert res.reservation is None and res.wait_reasons[1] == R.RESOURCES
     assert [p.job_id for p in res.placements] == [2]
+
+
+def test_a_job_behind_another_reservation_of_its_type_is_not_told_it_never_fits() -> None:
+    """QA: while a preemption's victims used their grace, every other blocked job of the type read
+    "does not fit the ready fleet even when idle" (its type had a reservation already)."""
+    run = [running(50, ((1, tuple(range(8))),), cls="batch", started=0.0, wall=86_400)]
+    pending = [job(1, gpus=8, cls="production", submitted=1.0), job(2, gpus=8, cls="batch", submitted=2.0)]
+    res = schedule(snap([node(1, free=())], pending, run, now=10_000.0))
+    assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
+    assert (res.wait_reasons[2], res.skips[-1].detail) == (R.RESOURCES, "no free gang of GPUs")

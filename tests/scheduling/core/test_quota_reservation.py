@@ -294,3 +294,16 @@ def test_no_quota_room_is_reserved_on_a_type_the_gang_can_never_run_on() -> None
         1, "quota", "H100", END
     )
     assert [p.job_id for p in res.placements] == [2]
+
+
+def test_a_project_quota_below_the_job_is_named_even_while_the_org_quota_binds() -> None:
+    """QA: the detail named the org quota (2 of 4 in use), as if the job would start once the org
+    had room; its project's quota (2) is below the job (3) and must be raised first."""
+    run = [running(50, ((1, (0, 1)),), org_id=1, project_id=10, started=NOW, wall=3_600)]
+    quotas = Quotas(org={(1, "H100"): 4}, project={(10, "H100"): 2})
+    res = schedule(snap([node(1)], [_h100(1, gpus=3)], run, quotas=quotas, now=NOW))
+    assert res.wait_reasons[1] == R.QUOTA
+    assert res.skips[0].detail.startswith(
+        "concurrent-GPU quota: H100 project 2 of 2 in use (a quota smaller than the job: it starts there "
+        "only once the quota is raised); needs 3"
+    )
