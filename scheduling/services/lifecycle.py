@@ -60,8 +60,9 @@ PERMANENT_OUTCOMES: dict[str, str] = {
     "out_of_credit": S.FAILED,
 }
 # lost: the node went silent (counts as a retry, backs off); preempted: for a higher class;
-# evicted: its node was taken out of service by an operator (neither counts nor backs off).
-TRANSIENT_OUTCOMES = frozenset({"lost", "preempted", "evicted"})
+# evicted: its node was taken out of service by an operator; withdrawn: its node went silent
+# before it started (the server's decision; neither of the last two counts nor backs off).
+TRANSIENT_OUTCOMES = frozenset({"lost", "preempted", "evicted", "withdrawn"})
 OUTCOMES = frozenset(PERMANENT_OUTCOMES) | TRANSIENT_OUTCOMES
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
 
@@ -388,6 +389,8 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
         return requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
     if final == "evicted":
         return requeue(job=job, not_before=None, reason_code="requeued-after-eviction", data=data)
+    if final == "withdrawn":
+        return requeue(job=job, not_before=None, reason_code="requeued-node-silent-before-start", data=data)
     # A lost node: retry with exponential backoff while retries remain.
     retries_used = JobAttempt.objects.filter(job=job, outcome="lost").count()
     if retries_used > job.max_retries:

@@ -21,7 +21,7 @@ from ledger.retry import retry_on_conflict
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
-from scheduling.models import AttemptState, JobAttempt, Node, NodeCordon, NodeState, SchedulerPass
+from scheduling.models import AttemptState, JobAttempt, JobState, Node, NodeCordon, NodeState, SchedulerPass
 from scheduling.services.leader import try_lead
 from scheduling.services.lifecycle import finish_attempt, request_stop
 
@@ -139,12 +139,13 @@ def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
     went_down = _mark_nodes(dead, from_states=(NodeState.UNKNOWN,), to=NodeState.DOWN,
                             silent_before=now - down_after, reason="node-down")
     lost = end_attempts_on_down_nodes(limit=limit)
+    withdrawn = withdraw_unstarted_from_silent_nodes(limit=limit)
     evicted = evict_from_nodes_out_of_service(limit=limit)
     overdue = stop_overdue_attempts(limit=limit)
     counts = Node.objects.values_list("state", "cordon").annotate(n=Count("id")).order_by()
     metrics.nodes_by_state({(state, cordon): n for state, cordon, n in counts})
-    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost, "evicted": evicted,
-            "overdue": overdue}
+    return {"unknown": len(went_unknown), "down": len(went_down), "lost": lost, "withdrawn": withdrawn,
+            "evicted": evicted, "overdue": overdue}
 
 
 OVERDUE_SLACK_SECONDS = 60
@@ -193,6 +194,28 @@ def evict_from_nodes_out_of_service(*, limit: int = 200, node_ids: list[int] | N
         stopped = request_stop(attempt=attempt, reason="evicted", grace_seconds=grace)
         asked += stopped.stop_reason == "evicted"
     return asked
+
+
+def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
+    """End the attempts placed on a node that went silent (`unknown`) before its agent started
+    them, as `withdrawn`: requeued at once, no retry counted, no backoff (QA: such a job sat
+    `scheduled`, unexplained, until the node was declared down minutes later, and then spent a
+    retry). Nothing ran, so nothing is lost; should the agent come back and start it after all, the
+    attempt is stale and the agent is told to stop it."""
+    attempts = list(
+        JobAttempt.objects.filter(
+            state=AttemptState.SCHEDULED, started_at__isnull=True,
+            allocations__released_at__isnull=True, allocations__node__state=NodeState.UNKNOWN,
+        ).distinct().order_by("pk")[:limit]
+    )
+    withdrawn = 0
+    for attempt in attempts:
+        try:
+            job = finish_attempt(attempt=attempt, outcome="withdrawn")
+            withdrawn += job.state == JobState.QUEUED
+        except Exception:  # one bad attempt must not block the sweep of the others
+            log.exception("could not withdraw attempt %s from a silent node", attempt.pk)
+    return withdrawn
 
 
 def end_attempts_on_down_nodes(*, limit: int = 200) -> int:

@@ -185,3 +185,32 @@ def test_the_sweep_exports_nodes_by_state_and_cordon(fleet: dict[str, Any]) -> N
     sweep_nodes()
     assert metrics.NODES.labels("ready", "drain")._value.get() == 0
     assert metrics.NODES.labels("ready", "none")._value.get() == 1
+
+
+def test_a_job_placed_on_a_node_that_went_silent_before_starting_it_is_requeued_at_once(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt], settings: Any,
+) -> None:
+    """QA: it sat `scheduled` for minutes until the node was down, then ended `lost` and spent a
+    retry. Nothing ran: it is withdrawn and queued again as soon as the node is unknown."""
+    settings.METERING_NODE_UNKNOWN_AFTER_S, settings.METERING_NODE_DOWN_AFTER_S = 60, 300
+    node = fleet["node"]
+    job, started = _running_on(node, tenant, make_job, make_attempt)  # this one did start
+    fund(tenant["org"], 100_000_000)
+    hold = place_hold(org=tenant["org"], amount=3_000_000, key="unstarted", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    waiting = make_job(JobState.SCHEDULED, current_hold=hold, gpu_types=["H100"], gpu_count=1)
+    unstarted = make_attempt(waiting, AttemptState.SCHEDULED, gpu_count=1)
+    Allocation.objects.create(attempt=unstarted, node=node, gpu_index=1, allocated_at=unstarted.scheduled_at)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=db_now() - timedelta(seconds=90))
+
+    assert sweep_nodes()["withdrawn"] == 1
+    assert Node.objects.get(pk=node.pk).state == NodeState.UNKNOWN
+    unstarted.refresh_from_db()
+    assert (unstarted.state, unstarted.outcome) == (AttemptState.ENDED, "withdrawn")
+    requeued = Job.objects.get(pk=waiting.pk)
+    assert requeued.state == JobState.QUEUED and requeued.not_before is None
+    assert not Allocation.objects.filter(attempt=unstarted, released_at__isnull=True).exists()
+    # The started one is left to the node's fate (lost if it is declared down).
+    started.refresh_from_db()
+    assert started.state == AttemptState.RUNNING
