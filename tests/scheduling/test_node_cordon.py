@@ -195,7 +195,7 @@ def test_a_job_placed_on_a_node_that_went_silent_before_starting_it_is_requeued_
     retry. Nothing ran: it is withdrawn and queued again as soon as the node is unknown."""
     settings.METERING_NODE_UNKNOWN_AFTER_S, settings.METERING_NODE_DOWN_AFTER_S = 60, 300
     node = fleet["node"]
-    job, started = _running_on(node, tenant, make_job, make_attempt)  # this one did start
+    _job, started = _running_on(node, tenant, make_job, make_attempt)  # this one did start
     fund(tenant["org"], 100_000_000)
     hold = place_hold(org=tenant["org"], amount=3_000_000, key="unstarted", project=tenant["project"],
                       user=tenant["user"], gpu_types=["H100"])

@@ -33,16 +33,17 @@ def test_silent_node_goes_unknown_then_down_and_its_attempts_are_requeued(
     node = fleet["node"]
 
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=db_now() - timedelta(seconds=120))
-    assert sweep_nodes() == {"unknown": 1, "down": 0, "lost": 0, "evicted": 0, "overdue": 0}
+    assert sweep_nodes() == {"unknown": 1, "down": 0, "lost": 0, "withdrawn": 0, "evicted": 0, "overdue": 0}
     assert Node.objects.get(pk=node.pk).state == NodeState.UNKNOWN
 
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=db_now() - timedelta(seconds=600))
-    assert sweep_nodes() == {"unknown": 0, "down": 1, "lost": 1, "evicted": 0, "overdue": 0}
+    assert sweep_nodes() == {"unknown": 0, "down": 1, "lost": 1, "withdrawn": 0, "evicted": 0, "overdue": 0}
     assert Node.objects.get(pk=node.pk).state == NodeState.DOWN
     attempt.refresh_from_db()
     assert (attempt.state, attempt.outcome) == (AttemptState.ENDED, "lost")
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
-    assert sweep_nodes() == {"unknown": 0, "down": 0, "lost": 0, "evicted": 0, "overdue": 0}  # idempotent
+    idle = {"unknown": 0, "down": 0, "lost": 0, "withdrawn": 0, "evicted": 0, "overdue": 0}
+    assert sweep_nodes() == idle  # idempotent
 
 
 def test_an_attempt_running_past_its_max_wall_is_stopped_by_the_server(
