@@ -26,6 +26,7 @@ _NUMBERS: dict[str, type] = {
     "SCHEDULER_MIN_RUNTIME_SECONDS": float,
     "SCHEDULER_PREEMPT_EXEMPT_GROWTH": float,
     "SCHEDULER_PREEMPT_EXEMPT_AFTER": int,
+    "SCHEDULER_MAX_RESERVATIONS": int,  # EASY reservations per pass (one per GPU type at most)
 }
 _CORE_FIELDS = {  # setting -> scheduling.core.Config field it feeds (scheduling/adapter/snapshot.py)
     "SCHEDULER_FAIRSHARE_HALF_LIFE_SECONDS": "fairshare_half_life_seconds",
@@ -34,6 +35,7 @@ _CORE_FIELDS = {  # setting -> scheduling.core.Config field it feeds (scheduling
     "SCHEDULER_PREEMPT_EXEMPT_GROWTH": "preemption_exempt_growth",
     "SCHEDULER_PREEMPT_EXEMPT_AFTER": "preemption_exempt_after",
     "SCHEDULER_END_TIME_PACKING": "end_time_packing",
+    "SCHEDULER_MAX_RESERVATIONS": "max_reservations",
 }
 
 

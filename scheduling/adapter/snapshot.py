@@ -105,6 +105,7 @@ def scheduler_config(classes: tuple[core.PriorityClass, ...]) -> core.Config:
             getattr(settings, "SCHEDULER_PREEMPT_EXEMPT_AFTER", d.preemption_exempt_after)
         ),
         end_time_packing=str(getattr(settings, "SCHEDULER_END_TIME_PACKING", d.end_time_packing)),
+        max_reservations=int(getattr(settings, "SCHEDULER_MAX_RESERVATIONS", d.max_reservations)),
     )
 
 

@@ -196,7 +196,11 @@ class Config:
     """Fair policy: a job waits for a faster acceptable type for up to this x the extra run time
     a slower type would cost (ski rental); 0 = always take the first type that fits."""
     backfill: bool = True
-    max_reservations: int = 1
+    max_reservations: int = 3
+    """EASY reservations per pass, at most one per GPU type: the top blocked job of each of up to
+    this many types is protected from backfill (1, EASY's own, left a blocked T4 job unprotected
+    whenever an H100 job held the one reservation: QA, session 12). Measured: docs/scheduler.md
+    "Reservations per type"."""
     """EASY backfill keeps one reservation (for the top blocked job)."""
     backfill_max_candidates: int = 20_000
     """Jobs examined after the first blocked one; the rest wait with reason `priority`."""

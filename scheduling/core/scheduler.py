@@ -283,6 +283,7 @@ class _Pass:
                 or self.candidates_after_block >= cap
                 or self.quota.active
                 or (job.priority_class in self.preempting and not self.preemption_exhausted())
+                or not self._all_ready(job)
             ):
                 self.consider(job)
                 continue
@@ -376,7 +377,8 @@ class _Pass:
         # Once the pass's victim searches are used up, try_preempt returns False at once without
         # touching any state, so a job that could preempt behaves exactly like one that cannot.
         can_preempt = job.priority_class in self.preempting and not self.preemption_exhausted()
-        if self.blocked_by is not None and not can_preempt and self.nothing_can_start():
+        if (self.blocked_by is not None and not can_preempt and self.nothing_can_start()
+                and self._all_ready(job)):
             self.note_waiting(job, fastest, walls)
             return self.skip(job, reasons.RESOURCES, _NO_FREE_GANG + self._unfit_note(job))
         types = self.not_deferred(job, types, walls, fastest)
@@ -515,7 +517,8 @@ class _Pass:
         """After the first block: whether no later job of this pass can start or reserve GPUs.
 
         True once no GPU is free or held by a reservation (nothing to place on or to lift) and
-        every EASY reservation is taken (none is attempted). That stays true for the rest of the
+        no EASY reservation is left to make (the pass's are all made, or every type with ready
+        nodes has one: none is attempted). That stays true for the rest of the
         pass: nothing can be placed, and a preemption's reservation holds no free GPU. So a later
         job that does not search for victims would go the whole way (no fit, no lifted mask, no
         holder) to `resources` with this detail; the caller gives it the same decision and the
@@ -524,10 +527,23 @@ class _Pass:
         """
         if self._settled:
             return True
-        if self.state.free_total or self.n_backfill_res < self.cfg.max_reservations or self.state.holds_any():
+        if self.state.free_total or self.state.holds_any() or self.can_reserve_more():
             return False
         self._settled = True
         return True
+
+    def _all_ready(self, job: PendingJob) -> bool:
+        """Whether every type the job accepts has ready nodes. A settled pass has a reservation on
+        each of those; a type without any gets none, and the job is told it does not fit the ready
+        fleet, not merely that no gang is free, so it takes the long way."""
+        return all(t in self.state.max_gpus for t in self.acceptable(job))
+
+    def can_reserve_more(self) -> bool:
+        """Whether a later blocked job could still get an EASY reservation: the pass has not made
+        all it may, and some type with ready nodes has none yet (one per type)."""
+        if self.n_backfill_res >= self.cfg.max_reservations:
+            return False
+        return not all(self.res_by_type.get(t) for t in self.state.max_gpus)
 
     def preemption_exhausted(self) -> bool:
         """No victim search is left in this pass: try_preempt can only return False."""

@@ -92,3 +92,22 @@ def test_a_job_behind_another_reservation_of_its_type_is_not_told_it_never_fits(
     res = schedule(snap([node(1, free=())], pending, run, now=10_000.0))
     assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
     assert (res.wait_reasons[2], res.skips[-1].detail) == (R.RESOURCES, "no free gang of GPUs")
+
+
+def test_a_blocked_job_of_each_type_keeps_its_reservation() -> None:
+    """QA: with one reservation per pass, a blocked T4 job had none whenever an H100 job held it,
+    and a later, lower-priority T4 job took the GPUs it was about to get (an hour's delay)."""
+    nodes = [node(1, free=()), node(2, "T4", free=range(4, 8))]
+    run = [running(50, ((1, tuple(range(8))),), cls="production", preemptible=False, started=0.0, wall=7200),
+           running(51, ((2, (0, 1, 2, 3)),), cls="production", preemptible=False, gpu_type="T4", started=0.0,
+                   wall=1200)]
+    pending = [
+        job(1, gpus=8, gpu_types=("H100",), cls="premium", submitted=1.0),
+        job(2, gpus=8, gpu_types=("T4",), cls="interactive", submitted=2.0, wall=600),
+        job(3, gpus=4, gpu_types=("T4",), cls="interactive", submitted=3.0, wall=3600),  # would take them
+    ]
+    res = schedule(snap(nodes, pending, run, now=1000.0, preemption=False))
+    assert sorted((r.job_id, r.gpu_type) for r in res.reservations) == [(1, "H100"), (2, "T4")]
+    assert res.placements == [] and res.wait_reasons[3] == R.reserved_for(2)
+    once = schedule(snap(nodes, pending, run, now=1000.0, preemption=False, max_reservations=1))
+    assert [p.job_id for p in once.placements] == [3]  # EASY's one reservation: job 2 unprotected

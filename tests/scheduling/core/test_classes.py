@@ -50,7 +50,7 @@ def test_a_job_blocked_behind_a_reservation_still_names_the_nodes_not_ready() ->
         job(2, gpus=8, gpu_types=("H100",)),  # 8 H100 only fit the two nodes that are not ready
         job(3, gpus=2, gpu_types=("H100",)),  # fits the ready 2-GPU node once idle: no note
     ]
-    res = schedule(snap(nodes, pending, run, preemption=False))
+    res = schedule(snap(nodes, pending, run, preemption=False, max_reservations=1))  # taken by job 1
     details = {s.job_id: s.detail for s in res.skips}
     assert details[2] == (
         "no free gang of GPUs; does not fit the ready fleet even when idle "
