@@ -118,7 +118,10 @@ class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         changed = {name: str(form.cleaned_data.get(name)) for name in form.changed_data}
-        self._audit(request, obj, "changed" if change else "added", obj.pk, {"fields": changed})
+        data: dict[str, Any] = {"fields": changed}
+        if change:  # QA: a change recorded only the new values
+            data["before"] = {name: str(form.initial.get(name)) for name in form.changed_data}
+        self._audit(request, obj, "changed" if change else "added", obj.pk, data)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         subject_id = obj.pk

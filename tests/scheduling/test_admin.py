@@ -246,6 +246,8 @@ def test_quota_and_price_changes_are_in_the_audit_trail(staff: Client, fleet: di
     assert events == [("sched.quota.added", org.pk, {"org": str(org), "gpu_type": "H100", "max_gpus": "8"}),
                       ("sched.quota.changed", org.pk, {"max_gpus": "4"}),
                       ("sched.quota.deleted", org.pk, None)]
+    changed = AuditEvent.objects.get(action="sched.quota.changed")
+    assert changed.data["before"] == {"max_gpus": "8"}  # and what it was
     when = timezone.now() + timedelta(days=1)
     price = {"gpu_type": fleet["h100"].pk, "price_per_gpu_hour": 9_000_000,
              "effective_from_0": when.strftime("%Y-%m-%d"), "effective_from_1": when.strftime("%H:%M:%S")}
