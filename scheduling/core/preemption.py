@@ -49,9 +49,11 @@ class VictimIndex:
         self.now = now
         # Failed single-node searches per (gpu type, regions): (rank, g, min_left, priority).
         self._failed: dict[tuple[str, tuple[str, ...]], list[tuple[int, int, float, float]]] = {}
-        # Per GPU type and victim rank: the earliest end of an exemption (minimum runtime, grown),
-        # i.e. when a job of that rank still too young to preempt becomes a candidate.
-        self._exempt_end: dict[str, dict[int, float]] = defaultdict(dict)
+        # Per GPU type, (victim rank, size of its largest node): the earliest end of an exemption
+        # (minimum runtime, grown), i.e. when a job of that rank still too young to preempt
+        # becomes a candidate, and how big a gang its node could hold.
+        self._exempt_end: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
+        self._state = state
         for job in running:
             on_ready = all(n in state.node for n, _ in job.allocations)
             if not on_ready:
@@ -65,8 +67,9 @@ class VictimIndex:
             exempt = min_runtime * exempt_growth**grown
             eligible = could and now - job.started_at >= exempt
             if could and not signalled and not eligible:
-                ends, r = self._exempt_end[job.gpu_type], rank_of(job.priority_class)
-                ends[r] = min(ends.get(r, job.started_at + exempt), job.started_at + exempt)
+                ends = self._exempt_end[job.gpu_type]
+                key = (rank_of(job.priority_class), max(state.node[n].gpu_count for n, _ in job.allocations))
+                ends[key] = min(ends.get(key, job.started_at + exempt), job.started_at + exempt)
             if not (signalled or eligible):
                 continue
             self.rank[job.id] = rank_of(job.priority_class)
@@ -90,10 +93,15 @@ class VictimIndex:
                         counts[job.id] += len(idx)
             self.gpus_on[node_id] = counts
 
-    def exempt_until(self, types: list[str], rank: int) -> float | None:
+    def exempt_until(self, types: list[str], rank: int, gpus: int) -> float | None:
         """When the first job of a lower rank than `rank` on one of `types` stops being exempt
-        from preemption (None: no such job); shown to a blocked job that found no victims."""
-        ends = [end for t in types for r, end in self._exempt_end.get(t, {}).items() if r < rank]
+        from preemption (None: no such job); shown to a blocked job that found no victims. For a
+        gang that fits one node, only jobs on nodes at least that big count (QA: a 4-GPU node's
+        job was named to an 8-GPU gang)."""
+        ends = [
+            end for t in types for (r, size), end in self._exempt_end.get(t, {}).items()
+            if r < rank and (size >= gpus or self._state.is_multi(t, gpus))
+        ]
         return min(ends) if ends else None
 
     def requeue_priority(self, job: RunningJob) -> float:

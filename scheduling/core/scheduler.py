@@ -494,7 +494,7 @@ class _Pass:
         to help, not when enough victims are free."""
         if self.victims is None:
             return ""
-        until = self.victims.exempt_until(types, self.cls(job.priority_class).rank)
+        until = self.victims.exempt_until(types, self.cls(job.priority_class).rank, job.gpu_count)
         if until is None:
             return ""
         at = reasons.utc_time(until)

@@ -427,3 +427,16 @@ def test_quota_preemption_respects_the_minimum_runtime() -> None:
         "concurrent-GPU quota: H100 org 8 of 8 in use; needs 4; quota reserved for it from "
         f"{R.utc_time(NOW - 100 + 99_999)} on H100"
     )
+
+
+def test_the_exemption_note_names_only_jobs_on_nodes_the_gang_fits() -> None:
+    """QA: an 8-GPU job was pointed at a young job on a 4-GPU node, which could never make room
+    for it; the note now names the job on the 8-GPU node (exempt until NOW - 100 + 600)."""
+    run = [
+        running(60, ((2, (0, 1, 2, 3)),), cls="batch", started=NOW - 500),  # 4-GPU node: sooner
+        running(61, ((1, tuple(range(8))),), cls="batch", started=NOW - 100),
+    ]
+    nodes = [node(1), node(2, gpus=4)]
+    res = schedule(snap(nodes, [job(1, gpus=8, cls="production")], run, now=NOW))
+    assert res.preemptions == []
+    assert _wait_detail(res, 1).endswith("exempt from preemption at 1970-01-01T02:55:00Z")
