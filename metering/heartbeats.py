@@ -230,7 +230,8 @@ def stops_for_node(*, node_id: int, ended_ids: Iterable[int] = ()) -> list[dict[
             .distinct()
         )
         for pk, outcome in ended:
-            reason = outcome if outcome in STOP_REASONS else "cancelled"
+            # withdrawn: ended while its node was silent, before it started (as if lost)
+            reason = outcome if outcome in STOP_REASONS else "lost" if outcome == "withdrawn" else "cancelled"
             stops.append({"attempt_id": pk, "reason": reason, "grace_seconds": 0})
     return sorted(stops, key=lambda s: int(str(s["attempt_id"])))
 

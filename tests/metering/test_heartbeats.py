@@ -114,6 +114,10 @@ def test_an_attempt_the_server_ended_as_lost_is_stopped_as_lost(
     JobAttempt.objects.filter(pk=a.pk).update(state=AttemptState.ENDED, outcome="lost")
     result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 100)])
     assert result.stop == [{"attempt_id": a.pk, "reason": "lost", "grace_seconds": 0}]
+    # Withdrawn (its node went silent before it started) reads the same to the agent.
+    JobAttempt.objects.filter(pk=a.pk).update(outcome="withdrawn")
+    result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 2, 100)])
+    assert result.stop == [{"attempt_id": a.pk, "reason": "lost", "grace_seconds": 0}]
 
 
 def test_portable_path_bills_exactly_like_the_one_statement_path(
