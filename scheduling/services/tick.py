@@ -196,26 +196,43 @@ def evict_from_nodes_out_of_service(*, limit: int = 200, node_ids: list[int] | N
     return asked
 
 
+_UNSTARTED = (AttemptState.SCHEDULED, AttemptState.STOPPING)
+
+
 def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
-    """End the attempts placed on a node that went silent (`unknown`) before its agent started
-    them, as `withdrawn`: requeued at once, no retry counted, no backoff (QA: such a job sat
-    `scheduled`, unexplained, until the node was declared down minutes later, and then spent a
-    retry). Nothing ran, so nothing is lost; should the agent come back and start it after all, the
-    attempt is stale and the agent is told to stop it."""
-    attempts = list(
+    """End the attempts placed on a node that went silent (`unknown`) before its agent was known to
+    start them, as `withdrawn` (or by the stop already asked of one): requeued at once, no retry
+    counted, no backoff (QA: such a job sat `scheduled`, unexplained, until the node was declared
+    down minutes later, and then spent a retry). Each is re-checked under the job's and the
+    attempt's locks (a `/started` report or a heartbeat that brought the node back wins). Should the
+    agent have started it unreported (a partition), the attempt is stale when it comes back and the
+    agent is told to stop it; what it ran meanwhile is not billed."""
+    ids = list(
         JobAttempt.objects.filter(
-            state=AttemptState.SCHEDULED, started_at__isnull=True,
+            state__in=_UNSTARTED, started_at__isnull=True,
             allocations__released_at__isnull=True, allocations__node__state=NodeState.UNKNOWN,
-        ).distinct().order_by("pk")[:limit]
+        ).distinct().order_by("pk").values_list("pk", "job_id")[:limit]
     )
     withdrawn = 0
-    for attempt in attempts:
+    for attempt_id, job_id in ids:
         try:
-            job = finish_attempt(attempt=attempt, outcome="withdrawn")
-            withdrawn += job.state == JobState.QUEUED
+            withdrawn += _withdraw(attempt_id, job_id)
         except Exception:  # one bad attempt must not block the sweep of the others
-            log.exception("could not withdraw attempt %s from a silent node", attempt.pk)
+            log.exception("could not withdraw attempt %s from a silent node", attempt_id)
     return withdrawn
+
+
+@transaction.atomic
+def _withdraw(attempt_id: int, job_id: int) -> bool:
+    from scheduling.services.lifecycle import lock_job
+
+    lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+    silent = Node.objects.filter(allocations__attempt=attempt, allocations__released_at__isnull=True,
+                                 state=NodeState.UNKNOWN).exists()
+    if attempt.state not in _UNSTARTED or attempt.started_at is not None or not silent:
+        return False  # started, ended or its node back since the sweep read it
+    return finish_attempt(attempt=attempt, outcome="withdrawn").state == JobState.QUEUED
 
 
 def end_attempts_on_down_nodes(*, limit: int = 200) -> int:

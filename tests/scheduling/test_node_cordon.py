@@ -214,3 +214,42 @@ def test_a_job_placed_on_a_node_that_went_silent_before_starting_it_is_requeued_
     # The started one is left to the node's fate (lost if it is declared down).
     started.refresh_from_db()
     assert started.state == AttemptState.RUNNING
+
+
+def test_a_withdrawal_rechecks_under_locks_and_covers_a_stop_already_asked(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """Review: the sweep read the attempts unlocked; a `/started` report or the node's return
+    committed meanwhile must win. An unstarted attempt whose stop was already asked is withdrawn
+    too (it waited for the node to be declared down)."""
+    from scheduling.services.tick import _withdraw
+
+    node = fleet["node"]
+    fund(tenant["org"], 100_000_000)
+
+    def unstarted(key: str, index: int, state: str = AttemptState.SCHEDULED) -> JobAttempt:
+        hold = place_hold(org=tenant["org"], amount=3_000_000, key=key, project=tenant["project"],
+                          user=tenant["user"], gpu_types=["H100"])
+        job = make_job(JobState.SCHEDULED, current_hold=hold, gpu_types=["H100"], gpu_count=1)
+        attempt = make_attempt(job, state, gpu_count=1)
+        Allocation.objects.create(attempt=attempt, node=node, gpu_index=index,
+                                  allocated_at=attempt.scheduled_at)
+        return attempt
+
+    Node.objects.filter(pk=node.pk).update(state=NodeState.UNKNOWN)
+    started = unstarted("started", 0)
+    JobAttempt.objects.filter(pk=started.pk).update(state=AttemptState.RUNNING, started_at=timezone.now())
+    assert _withdraw(started.pk, started.job_id) is False  # its /started report came first
+    assert JobAttempt.objects.get(pk=started.pk).state == AttemptState.RUNNING
+
+    stopping = unstarted("stopping", 1)
+    JobAttempt.objects.filter(pk=stopping.pk).update(state=AttemptState.STOPPING, stop_reason="preempted")
+    assert sweep_nodes()["withdrawn"] == 1
+    stopping.refresh_from_db()
+    assert (stopping.state, stopping.outcome) == (AttemptState.ENDED, "preempted")  # the stop's reason
+
+    back = unstarted("back", 2)
+    Node.objects.filter(pk=node.pk).update(state=NodeState.READY)  # a heartbeat brought it back
+    assert _withdraw(back.pk, back.job_id) is False
+    assert JobAttempt.objects.get(pk=back.pk).state == AttemptState.SCHEDULED
