@@ -425,10 +425,10 @@ class _Pass:
                     f"would take {block.level} quota room promised to job {block.holder}{exempt}"
                 )
                 return self.skip(job, reasons.RESOURCES, detail)
-            if self.windows or any(self.res_by_type.get(t) for t in types):
-                # Not "never fits": its types are reserved for other jobs this pass (QA: a grace
-                # period's preemption claim made every other job of the type "not fit"), or a
-                # maintenance window refused the reservation.
+            if any(self._fits_idle(t, job.gpu_count) for t in types):
+                # It fits the ready fleet once idle: no reservation because its types are
+                # reserved for other jobs this pass (QA: a grace period's preemption claim made
+                # every other job of the type "not fit") or a maintenance window refused it.
                 detail = _NO_FREE_GANG + self._unfit_note(job) + exempt
             else:
                 detail = f"does not fit the ready fleet even when idle{self._not_ready_note(types)}{exempt}"
@@ -533,10 +533,11 @@ class _Pass:
         return True
 
     def _all_ready(self, job: PendingJob) -> bool:
-        """Whether every type the job accepts has ready nodes. A settled pass has a reservation on
-        each of those; a type without any gets none, and the job is told it does not fit the ready
-        fleet, not merely that no gang is free, so it takes the long way."""
-        return all(t in self.state.max_gpus for t in self.acceptable(job))
+        """Whether every type the job accepts has ready nodes that could hold its gang once idle.
+        A settled pass has a reservation on each type with ready nodes; a job that does not fit a
+        type's ready fleet is told so, not merely that no gang is free, so it takes the long way."""
+        g = job.gpu_count
+        return all(t in self.state.max_gpus and self._fits_idle(t, g) for t in self.acceptable(job))
 
     def can_reserve_more(self) -> bool:
         """Whether a later blocked job could still get an EASY reservation: the pass has not made

@@ -111,3 +111,13 @@ def test_a_blocked_job_of_each_type_keeps_its_reservation() -> None:
     assert res.placements == [] and res.wait_reasons[3] == R.reserved_for(2)
     once = schedule(snap(nodes, pending, run, now=1000.0, preemption=False, max_reservations=1))
     assert [p.job_id for p in once.placements] == [3]  # EASY's one reservation: job 2 unprotected
+
+
+def test_a_gang_larger_than_the_ready_fleet_is_told_so_beside_other_reservations() -> None:
+    """Review: with another job's reservation on its type, a 64-GPU job on an 8-GPU fleet read
+    "no free gang of GPUs" instead of that it does not fit the ready fleet."""
+    run = [running(50, ((1, tuple(range(8))),), cls="production", preemptible=False, started=0.0, wall=7200)]
+    pending = [job(1, gpus=8, submitted=1.0), job(2, gpus=64, submitted=2.0)]
+    res = schedule(snap([node(1, free=())], pending, run, now=1000.0, preemption=False))
+    assert [r.job_id for r in res.reservations] == [1]
+    assert res.skips[-1].detail == "does not fit the ready fleet even when idle"
