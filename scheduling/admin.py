@@ -116,11 +116,12 @@ class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
         audit_setting(request, self.audit_action, obj, verb, subject_id, data)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        old = type(obj).objects.filter(pk=obj.pk).first() if change else None
         super().save_model(request, obj, form, change)
         changed = {name: str(form.cleaned_data.get(name)) for name in form.changed_data}
         data: dict[str, Any] = {"fields": changed}
-        if change:  # QA: a change recorded only the new values
-            data["before"] = {name: str(form.initial.get(name)) for name in form.changed_data}
+        if old is not None:  # QA: a change recorded only the new values (as shown, not as ids)
+            data["before"] = {name: str(getattr(old, name)) for name in form.changed_data}
         self._audit(request, obj, "changed" if change else "added", obj.pk, data)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
@@ -188,7 +189,9 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
         above the hardware's let the scheduler allocate GPUs that do not exist, and the jobs failed."""
         fields = tuple(super().get_readonly_fields(request, obj))
         if obj is not None and obj.registered_at is not None:
-            fields += ("gpu_count",)
+            # Its type too (registration checked the GPUs' model against it; a change here would
+            # bill H100 hardware at another type's price) and its region.
+            fields += ("gpu_count", "gpu_type", "region")
         return fields
 
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
@@ -209,11 +212,22 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
 
             cordon = obj.cordon
             obj.cordon = form.initial.get("cordon", "")
-            super().save_model(request, obj, form, change)
+            self._save_changed(obj, form, change)
             set_cordon(node=obj, cordon=cordon, actor=request.user)
             obj.cordon = cordon
             return
-        super().save_model(request, obj, form, change)
+        self._save_changed(obj, form, change)
+
+    @staticmethod
+    def _save_changed(obj: Node, form: Any, change: bool) -> None:
+        """Only the fields the operator changed (review: a full-row save wrote back the health,
+        heartbeat and GPU count read when the page opened over the agent's newer ones)."""
+        if not change:
+            obj.save()
+            return
+        fields = [name for name in form.changed_data if name != "cordon"]  # set_cordon writes it
+        if fields:
+            obj.save(update_fields=fields)
 
     def _cordon(self, request: HttpRequest, queryset: QuerySet[Node], cordon: str) -> None:
         from scheduling.services.nodes import set_cordon

@@ -201,7 +201,6 @@ class Config:
     this many types is protected from backfill (1, EASY's own, left a blocked T4 job unprotected
     whenever an H100 job held the one reservation: QA, session 12). Measured: docs/scheduler.md
     "Reservations per type"."""
-    """EASY backfill keeps one reservation (for the top blocked job)."""
     backfill_max_candidates: int = 20_000
     """Jobs examined after the first blocked one; the rest wait with reason `priority`."""
     preemption: bool = True

@@ -5,9 +5,10 @@ and preempted -> queued again. Each change is a conditional UPDATE (`filter(stat
 under the job's row lock and audited with a reason code in the same transaction.
 
 Attempt outcomes (what the agent reports, docs/agent-protocol.md §5) are either permanent (the job
-ends) or transient (`lost`, `preempted`: the job is queued again with a fresh hold). A node loss counts
-against `Job.max_retries` and backs off exponentially (`Job.not_before`); a preemption is the
-scheduler's own decision, so it neither counts as a retry nor backs off.
+ends) or transient (`lost`, `preempted`, `evicted`, `withdrawn`: the job is queued again with a fresh
+hold). A node loss counts against `Job.max_retries` and backs off exponentially (`Job.not_before`);
+a preemption is the scheduler's own decision, an eviction an operator's, a withdrawal (its node went
+silent before it started) the sweep's, so none of them counts as a retry or backs off.
 """
 
 from __future__ import annotations

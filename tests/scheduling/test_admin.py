@@ -335,3 +335,27 @@ def test_a_registered_nodes_gpu_count_is_its_agents(staff: Client, fleet: dict[s
     Node.objects.filter(pk=node.pk).update(registered_at=None)  # before its agent registers: editable
     assert staff.post(url, form).status_code == 302
     assert Node.objects.get(pk=node.pk).gpu_count == 12
+
+
+def test_a_node_saved_in_the_admin_writes_only_what_the_operator_changed(
+    staff: Client, fleet: dict[str, Any]
+) -> None:
+    """Review: a registered node's type was still editable (registration checked the GPUs' model
+    against it). The save now names the changed fields only (the race with a heartbeat between the
+    page's read and its write is not reproduced here)."""
+    node = fleet["node"]
+    url = reverse("admin:scheduling_node_change", args=[node.pk])
+    Node.objects.filter(pk=node.pk).update(registered_at=timezone.now())
+    page = staff.get(url)
+    assert "gpu_type" not in page.context["adminform"].form.fields  # read-only once registered
+    form = {"name": node.name, "nvlink_domain": "nv9", "ib_group": node.ib_group, "cordon": "",
+            "allocations-TOTAL_FORMS": 0, "allocations-INITIAL_FORMS": 0}
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert staff.post(url, form).status_code == 302
+    [update] = [q["sql"] for q in queries.captured_queries
+                if q["sql"].startswith('UPDATE "scheduling_node"')]
+    assert '"nvlink_domain"' in update and '"state"' not in update and '"last_heartbeat_at"' not in update
+    assert Node.objects.get(pk=node.pk).nvlink_domain == "nv9"
