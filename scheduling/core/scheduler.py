@@ -715,21 +715,6 @@ class _Pass:
         self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + walls[res.gpu_type])
         return res
 
-    def _takes_reserved(self, job: PendingJob, gpu_type: str, allocations: Allocation, end: float) -> bool:
-        """Whether a run on these GPUs until `end` would overlap another job's reservation of
-        them that starts before `end` (review: a lower job's preemption took GPUs an EASY
-        reservation held for later; the next pass re-reserved them first, and the victim had been
-        stopped for nothing). The backfill rule, applied to a preemption's run."""
-        reserved = self.res_by_type.get(gpu_type)
-        if not reserved:
-            return False
-        gpus = {(n, i) for n, idx in allocations for i in idx}
-        return any(
-            r.job_id != job.id and r.start_at < end
-            and any((n, i) in gpus for n, idx in r.allocations for i in idx)
-            for r in reserved
-        )
-
     def runs_into_window(self, allocations: Allocation, end: float) -> bool:
         """Whether a run on these GPUs until `end` would cross a node's maintenance window (nodes
         kept in the pass have none before the longest pending wall from now; a reservation or a
@@ -805,11 +790,8 @@ class _Pass:
         if self.preempted_now + len(new) > self.cfg.max_preemptions_per_pass:
             return False
         start = max(not_before, *(self._exit_by(v) for v in plan.victims))
-        end = start + self.walls(job)[t]
-        if self.runs_into_window(plan.allocations, end):
+        if self.runs_into_window(plan.allocations, start + self.walls(job)[t]):
             return False  # the victims' GPUs would go into maintenance before the job could end
-        if self._takes_reserved(job, t, plan.allocations, end):
-            return False  # a job ahead of it has those GPUs from before it would end
         self.preempted_now += len(new)
         for v in plan.victims:
             self.victims_claim(v)

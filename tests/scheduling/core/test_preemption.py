@@ -440,20 +440,3 @@ def test_the_exemption_note_names_only_jobs_on_nodes_the_gang_fits() -> None:
     res = schedule(snap(nodes, [job(1, gpus=8, cls="production")], run, now=NOW))
     assert res.preemptions == []
     assert _wait_detail(res, 1).endswith("exempt from preemption at 1970-01-01T02:55:00Z")
-
-
-def test_a_preemption_does_not_take_gpus_reserved_for_a_job_ahead_of_it() -> None:
-    """Review: job 2 preempted job 51 onto GPUs 4-7, which job 1 (ahead of it, blocked by a
-    non-preemptible job) has reserved from +5,000 s; job 2 runs far longer, so the next pass
-    re-reserved them for job 1 first and job 51 had been stopped for nothing."""
-    run = [running(50, ((1, (0, 1, 2, 3)),), preemptible=False, started=NOW - 100, wall=1100),
-           running(51, ((1, (4, 5, 6, 7)),), started=NOW - 5000, wall=10_000)]
-    pending = [job(1, gpus=8, submitted=1.0, wall=3600),
-               job(2, gpus=4, submitted=2.0, wall=100_000, org_id=2)]
-    cfg = {"min_runtime_before_preemption_seconds": 0.0, "preemption_min_gain": 0.0}
-    res = schedule(snap([node(1, free=())], pending, run, now=NOW, **cfg))
-    [reservation] = res.reservations
-    assert reservation.job_id == 1 and reservation.start_at == NOW + 5000
-    assert res.preemptions == []
-    alone = schedule(snap([node(1, free=())], pending[1:], run, now=NOW, **cfg))
-    assert [p.job_id for p in alone.preemptions] == [51]  # without the reservation it may
