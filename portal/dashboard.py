@@ -12,7 +12,7 @@ from portal import selectors
 from portal.access import DashboardScope
 from portal.templatetags.portal_money import credits
 from scheduling.core.reasons import RESERVED_PREFIX
-from scheduling.models import NodeCordon, NodeState
+from scheduling.models import NodeCordon, NodeState, in_maintenance
 
 Snapshot = dict[str, Any]
 
@@ -48,8 +48,7 @@ def _node_state(node: Any, now: Any) -> str:
         return "out-of-service"
     if node.cordon == NodeCordon.DRAIN:
         return "draining" if node.state == NodeState.READY else f"{node.state}, draining"
-    start, end = node.maintenance_from, node.maintenance_until
-    if start is not None and start <= now < end:
+    if in_maintenance(now, node.maintenance_from, node.maintenance_until):
         return "maintenance" if node.state == NodeState.READY else f"{node.state}, maintenance"
     return node.state
 

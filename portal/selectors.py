@@ -25,6 +25,7 @@ from django.db.models.functions import Coalesce, Greatest, TruncMinute
 from config.clock import db_now
 from ledger.models import Account, Posting
 from scheduling.models import (
+    RAN_SINCE_RELEASE,
     TERMINAL_JOB_STATES,
     Allocation,
     AttemptState,
@@ -145,7 +146,7 @@ def queue_by_org_and_reason() -> list[dict]:
     """
     ran = Subquery(
         JobAttempt.objects.filter(job_id=OuterRef("pk"), ended_at__isnull=False, started_at__isnull=False)
-        .filter(Q(job__aging_from__isnull=True) | Q(started_at__gte=F("job__aging_from")))
+        .filter(RAN_SINCE_RELEASE)
         .values("job_id")
         .annotate(total=Sum(F("ended_at") - F("started_at"), output_field=DurationField()))
         .values("total"),

@@ -127,15 +127,25 @@ class Node(models.Model):
         return scheduling_state(self.state, self.cordon)
 
 
+def in_maintenance(now: Any, maintenance_from: Any, maintenance_until: Any) -> bool:
+    """Whether `now` falls inside a node's maintenance window (both ends or neither are set)."""
+    return maintenance_from is not None and maintenance_from <= now < maintenance_until
+
+
 def scheduling_state_at(
     state: str, cordon: str, now: Any, maintenance_from: Any, maintenance_until: Any
 ) -> str:
     """`scheduling_state` at `now`: a ready node inside its maintenance window takes no new job, so
     the scheduler sees it draining."""
     seen = scheduling_state(state, cordon)
-    if seen == "ready" and maintenance_from is not None and maintenance_from <= now < maintenance_until:
+    if seen == "ready" and in_maintenance(now, maintenance_from, maintenance_until):
         return "draining"
     return seen
+
+
+# Attempts that ran while their job was waiting: since its release (`aging_from`) when it was held,
+# so run time before a release is not taken off the wait that began at it (aging, the dashboard).
+RAN_SINCE_RELEASE = Q(job__aging_from__isnull=True) | Q(started_at__gte=F("job__aging_from"))
 
 
 def scheduling_state(state: str, cordon: str) -> str:

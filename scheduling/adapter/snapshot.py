@@ -30,6 +30,7 @@ from accounts.models import Membership, Organization, Project
 from ledger.models import HoldState
 from scheduling import core
 from scheduling.models import (
+    RAN_SINCE_RELEASE,
     Allocation,
     AttemptState,
     GpuPrice,
@@ -204,8 +205,7 @@ def earlier_attempts(job_ids: Iterable[int]) -> dict[int, Earlier]:
         .annotate(
             # Only runs since the job began to wait: its queue time starts at a release
             # (`aging_from`), and what it ran before that is no waiting to take back.
-            ran=Sum(ran, filter=Q(started_at__isnull=False) & (
-                Q(job__aging_from__isnull=True) | Q(started_at__gte=F("job__aging_from")))),
+            ran=Sum(ran, filter=Q(started_at__isnull=False) & RAN_SINCE_RELEASE),
             preempted=Count("id", filter=Q(outcome="preempted")),
         )
         .order_by()

@@ -98,10 +98,11 @@ class _Pass:
             snap.gpu_types.values(), key=lambda t: (t.price_per_gpu_hour_micro, t.name)
         )
         self._accept_cache: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
+        self._walls: dict[int, dict[str, float]] = {}  # job id -> {acceptable type: max wall}
         # Nodes whose maintenance window starts before a pending job of their type could end stay
         # out of the pass (placement, reservations and preemption never count on them);
         # fill_before_maintenance() gives them the jobs that end in time.
-        self.limited = before_maintenance(snap, self._walls_of)
+        self.limited = before_maintenance(snap, self.walls)
         nodes = [n for n in snap.nodes if n.id not in self.limited] if self.limited else snap.nodes
         # node id -> start of its maintenance window, for the nodes kept in the pass
         self.windows = {n.id: n.available_until for n in nodes if n.available_until is not None}
@@ -132,7 +133,6 @@ class _Pass:
         self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
         self._shape_fail: dict[Shape, tuple[tuple[float, ...], str, str]] = {}  # dropped on any change
         self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
-        self._walls: dict[int, dict[str, float]] = {}  # job id -> {acceptable type: max wall}
         self._settled = False  # see nothing_can_start
         self._not_ready: dict[str, dict[str, int]] | None = None  # see _not_ready_note
         self._unfit: dict[tuple[tuple[str, ...], int, int], str] = {}  # see _unfit_note

@@ -23,7 +23,7 @@ from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
 from scheduling.models import AttemptState, JobAttempt, JobState, Node, NodeCordon, NodeState, SchedulerPass
 from scheduling.services.leader import try_lead
-from scheduling.services.lifecycle import finish_attempt, request_stop
+from scheduling.services.lifecycle import finish_attempt, lock_job, request_stop
 
 log = logging.getLogger("scheduling.tick")
 
@@ -224,8 +224,6 @@ def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
 
 @transaction.atomic
 def _withdraw(attempt_id: int, job_id: int) -> bool:
-    from scheduling.services.lifecycle import lock_job
-
     lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
     silent = Node.objects.filter(allocations__attempt=attempt, allocations__released_at__isnull=True,
