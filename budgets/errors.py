@@ -28,3 +28,14 @@ class InvalidBudget(DomainError):
     type = "validation-error"
     status = 400
     title = "Invalid budget"
+
+
+class BudgetBeingSet(DomainError):
+    """A budget of the org is being set right now: a hold that must not wait for it is tried later."""
+
+    type = "budget-being-set"
+    status = 409
+    title = "Budget being set"
+
+    def __init__(self) -> None:
+        super().__init__("A budget of this organization is being set; the hold is tried again shortly.")

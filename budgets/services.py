@@ -23,7 +23,8 @@ from django.db.models import Case, F, IntegerField, Q, Sum, Value, When
 
 from accounts.models import Organization, Project
 from audit.services import record
-from budgets.errors import BudgetExceeded, InvalidBudget
+from budgets import scope_lock
+from budgets.errors import BudgetBeingSet, BudgetExceeded, InvalidBudget
 from budgets.models import (
     Budget,
     BudgetCharge,
@@ -139,9 +140,19 @@ def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
 
 
 def precheck_budgets(
-    *, org: Organization, project: Project | None, user: Any, amount: int, now: datetime | None = None
+    *, org: Organization, project: Project | None, user: Any, amount: int, now: datetime | None = None,
+    wait: bool = True,
 ) -> tuple[list[BudgetPeriod], list[SoftAlert]]:
-    """Lock and check every level before the ledger locks buckets (see module docstring)."""
+    """Lock and check every level before the ledger locks buckets (see module docstring).
+
+    First the org's budget-definition lock, shared (`scope_lock`), so a budget being set counts
+    this hold: `wait` for a submission (it holds no other hold); without it (a requeue, which
+    may hold other holds of the org that the setting waits for) BudgetBeingSet is raised instead.
+    """
+    if wait:
+        scope_lock.share(org.pk)
+    elif not scope_lock.try_share(org.pk):
+        raise BudgetBeingSet()
     periods = lock_current_periods(org_id=org.pk, project_id=project.pk if project else None,
                                    user_id=user.pk if user is not None else None, now=now)
     return periods, check_periods(periods, amount)
@@ -326,6 +337,7 @@ def set_budget(
     level = BudgetLevel.MEMBER if user is not None else (
         BudgetLevel.PROJECT if project is not None else BudgetLevel.ORG
     )
+    scope_lock.own(org.pk)  # every hold still in flight commits first, so the seeding counts it
     fields = {"level": level, "period": period, "limit": limit, "enforcement": enforcement,
               "window_start": window_start, "window_end": window_end}
     scope = Budget.objects.select_for_update().filter(org=org, project=project, user=user)
@@ -365,8 +377,8 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
     hold, each counted by a charge, so their later captures and releases move the period like any
     other hold's. A period row left from an earlier definition with the same start (window ->
     month -> the same window again) is counted afresh too: its old counts missed what happened
-    under the other definition (QA). A submission in flight at the very moment the budget is set
-    (it read the budgets before this commits) is not counted: the budget was not there for it."""
+    under the other definition (QA). A hold still in flight is counted too: `set_budget` took the
+    org's budget-definition lock first, which waits for it (`scope_lock`)."""
     bounds = period_bounds(period=budget.period, window_start=budget.window_start,
                            window_end=budget.window_end, now=now)
     if bounds is None:

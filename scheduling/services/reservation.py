@@ -115,12 +115,15 @@ def place_job_hold(
 
     `fresh`: the hold cannot exist yet (its job was inserted by this same transaction), so the
     budget charges need no replay lookup, and the placement needs no savepoint (a refusal fails
-    the submission). Lock order: the caller holds the job; budget periods
-    (org, project, member) are locked here before `place_hold` locks buckets. Raises
-    BudgetExceeded or InsufficientCredits. `audit_as`: the placement's audit event is the caller's
-    (see `ledger.place_hold`). `types` come from the catalog (`eligible_types`): already checked.
+    the submission); it also waits for a budget of the org being set (a requeue, which may hold
+    other holds of the org, raises BudgetBeingSet instead: `budgets/scope_lock.py`). Lock order:
+    the caller holds the job; budget periods (org, project, member) are locked here before
+    `place_hold` locks buckets. Raises BudgetExceeded, BudgetBeingSet or InsufficientCredits.
+    `audit_as`: the placement's audit event is the caller's (see `ledger.place_hold`). `types`
+    come from the catalog (`eligible_types`): already checked.
     """
-    prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount, now=now)
+    prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount, now=now,
+                                  wait=fresh)
     hold = place_hold(
         org=job.org, amount=amount, key=key, project=job.project, user=job.user,
         gpu_types=types, reference=f"job:{job.pk}", actor=job.user, audit_as=audit_as,
