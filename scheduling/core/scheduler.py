@@ -118,7 +118,7 @@ class _Pass:
         self.blocked_by: int | None = None
         self.candidates_after_block = 0
         self.fail_min: dict[FailKey, int] = {}
-        self.preempt_fail_min: dict[tuple[str, tuple[str, ...], int], int] = {}
+        self.preempt_fail_min: dict[tuple[str, tuple[str, ...], int, bool], int] = {}
         self.preempt_attempts = 0
         self.preempted_now = 0  # victims newly signalled in this pass
         self.res_by_type: dict[str, list[Reservation]] = defaultdict(list)
@@ -130,7 +130,7 @@ class _Pass:
         self.prio: dict[int, float] = {}
         self.victims: VictimIndex | None = None
         self._holding: dict[str, list[Reservation]] = {}  # cache, dropped when masks change
-        self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same
+        self._holder: dict[tuple[str, int, tuple[str, ...]], int | None] = {}  # same, and on placements
         self._shape_fail: dict[Shape, tuple[tuple[float, ...], str, str]] = {}  # dropped on any change
         self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
         self._settled = False  # see nothing_can_start
@@ -261,8 +261,22 @@ class _Pass:
                 self.result.reservations = [r for r in self.result.reservations if r.job_id != job.id]
                 self.quota.drop_claims(job.id)
                 self.quota.take(job, t, end)
+                self._release_named(job.id)
                 most = max(len(f) for f in free.values())
                 break
+
+    def _release_named(self, job_id: int) -> None:
+        """Jobs told `reserved-for-job-N` of a job N the fill just placed wait for GPUs or room
+        no longer promised to anyone: `resources` until the next pass offers them (fuzz: they
+        named a placed job that held nothing)."""
+        code = reasons.reserved_for(job_id)
+        detail = (f"no free gang now; what was held for job {job_id} is free again (it started on a "
+                  "node before that node's maintenance window) and is offered next pass")
+        decisions = self.result.decisions
+        for k, decision in enumerate(decisions):
+            if isinstance(decision, Skip) and decision.reason_code == code:
+                decisions[k] = Skip(decision.job_id, reasons.RESOURCES, detail)
+                self.result.wait_reasons[decision.job_id] = reasons.RESOURCES
 
     def _wait_settled(self, jobs: list[PendingJob]) -> None:
         """consider() for the rest of the queue once nothing_can_start() holds, in one loop.
@@ -647,6 +661,7 @@ class _Pass:
         code = reasons.BACKFILLED if backfilled else reasons.PLACED
         self.result.decisions.append(Place(job.id, gpu_type, alloc, backfilled, code, price, wall))
         self._shape_fail.clear()
+        self._holder.clear()  # it read the free pool this placement shrank (fuzz: a stale holder)
         self.quota.take(job, gpu_type, self.now + wall)
         for node_id, idx in alloc:
             self.placed_releases[gpu_type].append((self.now + wall, node_id, idx))
@@ -813,13 +828,15 @@ class _Pass:
         rank = self.cls(job.priority_class).rank
         victims = self.victim_index()
         for t in types:
-            key = (t, job.regions, rank)
+            if self.preemption_exhausted():
+                return False
+            self.preempt_attempts += 1  # a search the cache answers counts too: the cache is exact
+            # Single- and multi-node searches differ (fuzz: a failed 3-GPU search on one node hid
+            # an 8-GPU gang across an IB group): the failure is known per kind of gang.
+            key = (t, job.regions, rank, self.state.is_multi(t, job.gpu_count))
             known = self.preempt_fail_min.get(key)
             if known is not None and job.gpu_count >= known:
                 continue
-            if self.preemption_exhausted():
-                return False
-            self.preempt_attempts += 1
             min_left = self.cfg.preemption_min_gain * walls[t]
             plan = victims.plan(self.state, t, job.gpu_count, job.regions, rank, self.prio[job.id], min_left)
             if plan is None:

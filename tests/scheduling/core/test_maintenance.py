@@ -129,3 +129,17 @@ def test_a_job_placed_before_a_window_is_not_held_back_by_its_own_quota_claim() 
                job(3, gpus=8, wall=3 * 3600, org_id=3, project_id=30, gpu_types=("H100",), submitted=3.0)]
     res = schedule(snap(nodes, pending, run, quotas=Quotas(org={(1, "H100"): 8}), now=NOW))
     assert [(p.job_id, p.allocations[0][0]) for p in res.placements] == [(1, 2)]
+
+
+def test_jobs_told_to_wait_for_a_job_placed_before_a_window_wait_for_resources() -> None:
+    """Fuzz: job 1 held GPUs 2,3 of node 2 (EASY); placed instead on node 1 before its window, its
+    reservation went, but job 2 still waited `reserved-for-job-1`, naming a job holding nothing."""
+    nodes = [node(1, gpus=4, available_until=NOW + 1800), node(2, gpus=4, free=(2, 3))]
+    run = [running(900, ((2, (0, 1)),), started=NOW - 100, wall=5100.0)]
+    pending = [job(1, gpus=3, wall=600.0, submitted=1.0), job(2, gpus=2, wall=7200.0, submitted=2.0)]
+    res = schedule(snap(nodes, pending, run, now=NOW))
+    assert [(p.job_id, p.allocations[0][0]) for p in res.placements] == [(1, 1)]
+    assert res.reservations == [] or all(r.job_id != 1 for r in res.reservations)
+    assert res.wait_reasons == {2: R.RESOURCES}
+    [skip] = [d for d in res.decisions if d.job_id == 2]
+    assert "job 1" in skip.detail and "next pass" in skip.detail
