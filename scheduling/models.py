@@ -278,6 +278,9 @@ class Job(models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     max_retries = models.PositiveIntegerField(default=3)
     not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
+    # Until then the scheduler places the job only on types its hold covers without a top-up: one
+    # for a dearer type was refused (`adapter/repricing.py`); later, a dearer type is tried again.
+    price_capped_until = models.DateTimeField(null=True, blank=True)
     submitted_at = models.DateTimeField(db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

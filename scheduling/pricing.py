@@ -53,6 +53,11 @@ def cost(gpu_ms: int, rate: int) -> int:
     return -(-gpu_ms * rate // MS_PER_HOUR)
 
 
+def covered_rate(held: int, gpu_ms: int) -> int:
+    """The highest rate (micro-credits per GPU-hour) at which `gpu_ms` costs at most `held`."""
+    return held * MS_PER_HOUR // gpu_ms if gpu_ms > 0 else 0
+
+
 # --- the catalog snapshot ------------------------------------------------------------------------
 
 

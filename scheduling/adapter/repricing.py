@@ -5,9 +5,12 @@ rises before the job is placed, the run's rate (the placed type's current price,
 is more than the hold covers. Placing it anyway would bill usage the hold cannot capture: a short
 run could end before the periodic charge extends the hold, and the settlement would write the rest
 off as unfunded. So before such a placement the hold is extended by the difference for the hold's
-window, with every budget level checked, in a savepoint. If that is refused the job is not placed:
-it waits with reason `budget` and a detail that says why, and is offered to the scheduler again
-after `SCHEDULER_FUNDING_RETRY_SECONDS` (its GPUs stay free for others meanwhile).
+window, with every budget level checked, in a savepoint. If that is refused the job is not placed
+there: it waits with reason `budget` and a detail that says why, and for the next
+`SCHEDULER_FUNDING_RETRY_SECONDS` (`Job.price_capped_until`) the scheduler places it only on the
+types its hold covers (`PendingJob.max_price`); after that a dearer type is tried again. So a job
+whose hold covers a type that is free runs there at once, and one whose hold covers none waits
+`budget` (review: waiting for the retry while a covered type sat free starved it).
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def _wait_for_funds(
     )[:255]
     log.info("job %s not placed: %s", place.job_id, detail)
     Job.objects.filter(pk=place.job_id, state=JobState.QUEUED).update(
-        wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry, expected_start_at=None
+        wait_reason=reasons.BUDGET, wait_detail=detail, price_capped_until=retry, expected_start_at=None
     )
     events.append(NewEvent(
         actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.skip", subject_type="job",

@@ -43,6 +43,7 @@ from scheduling.models import (
     Quota,
     scheduling_state_at,
 )
+from scheduling.pricing import covered_rate
 from scheduling.services import dependencies
 
 LIVE = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
@@ -303,7 +304,8 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "max_wall_seconds", "submitted_at", "gpu_types", "gpu_memory_gb", "preemptible", "regions",
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
             "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
-            "current_hold__released", "aging_from", "expected_start_at", "dependency",
+            "current_hold__released", "aging_from", "expected_start_at", "price_capped_until",
+            "dependency",
         )
         .order_by("submitted_at", "id")
     )
@@ -316,8 +318,13 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
-         released, aging_from, expected_start_at, _dependency) = row
+         released, aging_from, expected_start_at, capped_until, _dependency) = row
         eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
+        remaining = (authorized or 0) - (captured or 0) - (released or 0)
+        max_price = None
+        if capped_until is not None and capped_until > now:  # a top-up was refused: see repricing
+            seconds = min(wall, window) if window else wall
+            max_price = covered_rate(remaining, gpus * seconds * 1000)
         jobs.append(
             core.PendingJob(
                 id=job_id,
@@ -336,11 +343,12 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 regions=tuple(regions or ()),
                 budget_ok=hold_id is not None and hold_state == HoldState.ACTIVE,
                 run_seconds=before.get(job_id, _NONE_BEFORE).ran_seconds,
+                max_price=max_price,
             )
         )
         rows[job_id] = PendingRow(
             org_id, project_id, user_id, hold_id, attempts, gpus, wall, window, wait_reason, wait_detail,
-            tuple(types or ()), (authorized or 0) - (captured or 0) - (released or 0), expected_start_at,
+            tuple(types or ()), remaining, expected_start_at,
         )
     return tuple(jobs), rows
 

@@ -183,7 +183,8 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
     ids = [p.job_id for p, _ in done]
     Job.objects.filter(pk__in=ids, state=JobState.QUEUED).update(
         state=JobState.SCHEDULED, attempt_count=F("attempt_count") + 1, wait_reason="",
-        wait_detail="", expected_start_at=None, not_before=None, updated_at=loaded.now,
+        wait_detail="", expected_start_at=None, not_before=None, price_capped_until=None,
+        updated_at=loaded.now,
     )
     prices = loaded.snapshot.gpu_types
     cheaper: list[tuple[int, JobAttempt, PendingRow]] = []

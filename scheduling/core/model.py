@@ -95,6 +95,10 @@ class PendingJob:
     run_seconds: float = 0.0
     """Seconds this job already ran in earlier attempts (a preempted job queued again). Aging counts
     time spent waiting, so this is subtracted from the time since submission."""
+    max_price: int | None = None
+    """Per-GPU-hour price (micro-credits) above which the job is not placed this pass: set while a
+    top-up of its hold for a dearer type stands refused, so it runs on the types its hold covers
+    meanwhile instead of waiting for funds. None: no cap."""
 
     def wall_on(self, gpu_type: str) -> float:
         for name, seconds in self.max_wall_by_type:

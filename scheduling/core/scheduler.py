@@ -168,7 +168,11 @@ class _Pass:
         reads its walls a dozen times."""
         hit = self._walls.get(job.id)
         if hit is None:
-            hit = self._walls[job.id] = self._walls_of(job)
+            hit = self._walls_of(job)
+            if job.max_price is not None:  # a refused top-up: only the types its hold covers
+                price = self.snap.gpu_types
+                hit = {t: w for t, w in hit.items() if price[t].price_per_gpu_hour_micro <= job.max_price}
+            self._walls[job.id] = hit
         return hit
 
     def _walls_of(self, job: PendingJob | RunningJob) -> dict[str, float]:
@@ -292,7 +296,7 @@ class _Pass:
         for job in jobs:
             if (
                 not job.budget_ok
-                or not self.acceptable(job)
+                or not self.walls(job)
                 or job.gpu_count <= 0
                 or self.candidates_after_block >= cap
                 or self.quota.active
@@ -345,6 +349,10 @@ class _Pass:
             return self.skip(job, reasons.BUDGET, "hold could not be funded")
         if not self.acceptable(job) or job.gpu_count <= 0:
             return self.skip(job, reasons.NO_MATCHING_GPU_TYPE, "no GPU type meets type/memory request")
+        if not self.walls(job):  # every type it accepts costs more than its hold covers
+            return self.skip(job, reasons.BUDGET, (
+                f"its hold covers up to {job.max_price} per GPU-hour and every type it accepts costs "
+                "more; topping the hold up was refused (tried again shortly)"))
         if self.blocked_by is not None:
             if not self.do_backfill:
                 return self.skip(job, reasons.PRIORITY, f"behind blocked job {self.blocked_by}")

@@ -59,6 +59,18 @@ def why_never_runs(snap: Catalog, types: list[str], gpu_count: int, regions: tup
     return why
 
 
+def runnable_types(snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
+                   org_id: int, project_id: int) -> list[str]:
+    """Those of `types` the job could ever run on (its gang against the fleet in its regions, its
+    size against its quotas): the hold is priced at the dearest of these, not of types it can
+    never use (QA: a job accepting H100 and T4 in a region with T4 nodes only held H100's price,
+    4x too much until placed). All of `types` when none could (the submission is refused then)."""
+    usable = [name for name in types
+              if why_never_fits(snap.fleet, name, gpu_count, regions) is None
+              and why_over_quota(snap.quotas, org_id, project_id, name, gpu_count) is None]
+    return usable or types
+
+
 def check_can_ever_run(*, snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
                        org_id: int, project_id: int) -> None:
     """Refuse a job that no registered node set (as if all were up and idle) could ever hold, or
@@ -146,5 +158,7 @@ def reserve_job_hold(*, job: Job, key: str) -> Hold:
         return existing
     now = db_now()
     types = eligible_gpu_types(job)
-    amount = price_job_hold(job, types, at=now)
+    priced = runnable_types(catalog(), types, job.gpu_count, tuple(job.regions), job.org_id,
+                            job.project_id)
+    amount = price_job_hold(job, priced, at=now)
     return place_job_hold(job=job, key=key, types=types, amount=amount, now=now)

@@ -28,6 +28,7 @@ from scheduling.services.reservation import (
     hold_seconds,
     place_job_hold,
     run_estimate,
+    runnable_types,
 )
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,8 @@ def submit_job(
         command=spec.command, regions=list(spec.regions), state=JobState.QUEUED, submitted_at=now,
     )
     job.org = project.org
-    quote = hold_quote(gpu_types=types, gpu_count=spec.gpu_count, seconds=hold_seconds(job), at=now)
+    priced = runnable_types(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk)
+    quote = hold_quote(gpu_types=priced, gpu_count=spec.gpu_count, seconds=hold_seconds(job), at=now)
     amount, job.estimate = quote.amount, run_estimate(job, quote.rate)
     after = dependencies.check(user=user, project=project, spec=spec) if spec.depends_on else None
     if after is not None:

@@ -37,7 +37,13 @@ from ledger.services import _sql as ledger_sql
 from scheduling.models import Job, JobAttempt, JobState, PriorityClass
 from scheduling.pricing import catalog_knowing, hold_quote
 from scheduling.services import submission
-from scheduling.services.reservation import eligible_types, hold_seconds, run_estimate, why_never_runs
+from scheduling.services.reservation import (
+    eligible_types,
+    hold_seconds,
+    run_estimate,
+    runnable_types,
+    why_never_runs,
+)
 from scheduling.services.submission import JobSpec, validate_spec
 
 # SQLSTATEs after which the Python path decides: GBFBK (`jobs_submit`: a budget level would be
@@ -94,7 +100,8 @@ def submit_job_in_sql(
             regions=list(spec.regions), state=JobState.QUEUED,
         )
         job.org = project.org
-        quote = hold_quote(gpu_types=types, gpu_count=spec.gpu_count, seconds=hold_seconds(job),
+        priced = runnable_types(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk)
+        quote = hold_quote(gpu_types=priced, gpu_count=spec.gpu_count, seconds=hold_seconds(job),
                            at=timezone.now())
     except DomainError:
         return None

@@ -12,7 +12,7 @@ from accounts.models import OrgRole
 from audit.models import AuditEvent
 from budgets.models import BudgetPeriod
 from ledger.models import MICRO, Hold, HoldState, LedgerTransaction
-from scheduling.models import Job
+from scheduling.models import Job, Node
 from tests.api.conftest import A100_PRICE, H100_PRICE, client_for
 from tests.api.factories import Tenant, add_member
 from tests.factories import OrgMembershipFactory, UserFactory
@@ -48,6 +48,54 @@ def test_submit_returns_job_hold_and_estimate(api: APIClient, job_body: Callable
     txn = LedgerTransaction.objects.get(org_id=job.org_id, kind="hold")
     assert event.data["transaction"] == txn.pk and event.data["key"] == f"hold:job:{job.pk}:submit"
     assert event.data["hold"] == body["hold"]["id"] and sum(event.data["buckets"].values()) == expected
+
+
+@pytest.mark.parametrize("held", [False, True])  # the one-statement path and the Python one
+def test_hold_is_priced_only_over_types_that_can_run_the_job(api: APIClient, job_body: Callable,
+                                                             held: bool) -> None:
+    """QA: a job accepting H100 and A100 in a region with no H100 node held H100's price until it
+    was placed on A100 (a spurious 402 at submission, credits held for nothing)."""
+    from scheduling.pricing import catalog
+
+    Node.objects.filter(name="H100-us").delete()
+    catalog(fresh=True)  # the cached catalog still lists the node
+    response = post(api, job_body(gpu_types=["H100", "A100"], regions=["us"], gpu_count=1, held=held))
+    assert response.status_code == 201, response.json()
+    assert response.json()["estimate"] == A100_PRICE  # 1 GPU-hour at A100's price
+    assert Hold.objects.get(pk=response.json()["hold"]["id"]).authorized == A100_PRICE
+    # Without the region, H100 can run it: the dearest is H100.
+    assert post(api, job_body(gpu_types=["H100", "A100"], gpu_count=1)).json()["estimate"] == H100_PRICE
+
+
+def test_a_type_runnable_after_submission_does_not_starve_a_job_its_hold_cannot_pay_for(
+    job_body: Callable, fleet: dict,
+) -> None:
+    """Why holds priced over runnable types were reverted once (review): an H100 node appears in
+    the job's region after it was held at A100's price; the core prefers H100, the top-up is
+    refused (no credits beyond the hold), and the job waited `budget` pass after pass while A100
+    sat free. Now the refusal caps it at its hold's price for a while: the next pass runs it on A100."""
+    from scheduling.models import JobAttempt, NodeState, Region
+    from scheduling.pricing import catalog
+    from scheduling.services.tick import run_scheduling_pass
+    from tests.api.factories import make_tenant
+
+    tenant = make_tenant(funds=A100_PRICE)  # exactly one A100 GPU-hour
+    api = client_for(tenant.user)
+    Node.objects.filter(name="H100-us").delete()
+    catalog(fresh=True)
+    body = job_body(project=tenant.project.pk, gpu_types=["H100", "A100"], regions=["us"], gpu_count=1)
+    response = post(api, body)
+    assert response.status_code == 201, response.json()
+    assert response.json()["estimate"] == A100_PRICE
+    Node.objects.create(name="H100-us2", region=Region.objects.get(code="us"), gpu_type=fleet["H100"],
+                        gpu_count=8, state=NodeState.READY)
+    job = Job.objects.get(pk=response.json()["id"])
+    run_scheduling_pass(trigger="test")  # H100 first: the top-up is refused
+    job.refresh_from_db()
+    assert (job.state, job.wait_reason) == ("queued", "budget")
+    run_scheduling_pass(trigger="test")
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.rate_per_gpu_hour == A100_PRICE
 
 
 def test_hold_skips_types_below_memory_floor(api: APIClient, job_body: Callable) -> None:

@@ -18,7 +18,7 @@ from ledger.verification import verify_ledger
 from scheduling.models import Allocation, GpuPrice, Job, JobAttempt, JobState
 from scheduling.services.tick import run_scheduling_pass
 from tests.factories import fund
-from tests.scheduling.conftest import H100_PRICE
+from tests.scheduling.conftest import A100_PRICE, H100_PRICE
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +103,7 @@ def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and job.wait_reason == "budget"
     assert job.wait_detail.startswith("H100 now costs 9000000 per GPU-hour, more than the hold was priced")
-    assert "refused" in job.wait_detail and job.not_before is not None
+    assert "refused" in job.wait_detail and job.price_capped_until is not None and job.not_before is None
     assert not JobAttempt.objects.filter(job=job).exists()
     assert not Allocation.objects.exists()  # its GPUs were left for others
     hold.refresh_from_db()
@@ -112,12 +112,51 @@ def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
     assert skipped.exists()
     assert verify_ledger() == []
 
+    # Until its retry time it is not placed on H100 again (no top-up tried); the refusal's words stay.
+    run_scheduling_pass(trigger="test")
+    job.refresh_from_db()
+    assert job.wait_reason == "budget" and job.wait_detail.startswith("H100 now costs 9000000")
+    assert AuditEvent.objects.filter(action="sched.hold.top_up").count() == 0
+    assert not JobAttempt.objects.filter(job=job).exists()
+
     # Funds arrive; once its retry time has passed the job is placed at the new price.
     fund(tenant["org"], 100 * MICRO)
     if refusal == "budget":
         set_budget(org=tenant["org"], period="month", limit=100 * MICRO, enforcement="hard")
-    Job.objects.filter(pk=job.pk).update(not_before=db_now() - timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(price_capped_until=db_now() - timedelta(seconds=1))
     run_scheduling_pass(trigger="test")
     attempt = JobAttempt.objects.get(job=job)
     hold.refresh_from_db()
     assert attempt.rate_per_gpu_hour == NEW_PRICE and hold.remaining == 2 * NEW_PRICE
+
+
+def test_a_refused_top_up_runs_the_job_at_once_on_a_type_its_hold_covers(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    """Review: a job accepting H100 then A100, its hold priced at H100's old price; H100's price
+    triples and the top-up is refused. It used to wait `budget` until the retry time, and again
+    after it, while an A100 node its hold covers sat free. Now the next pass places it there."""
+    from scheduling.models import Node, NodeState
+
+    Node.objects.create(name="a100-1", region=fleet["region"], gpu_type=fleet["a100"], gpu_count=8,
+                        state=NodeState.READY, last_heartbeat_at=db_now(), ib_group="ib1")
+    fund(tenant["org"], 2 * H100_PRICE)  # exactly the hold: nothing left to top up with
+    hold = place_hold(org=tenant["org"], amount=2 * H100_PRICE, key="held", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100", "A100"])
+    job = make_job(JobState.QUEUED, current_hold=hold, estimate=hold.authorized,
+                   gpu_types=["H100", "A100"], gpu_count=2, max_wall_seconds=3600)
+    _raise_h100(fleet)
+
+    run_scheduling_pass(trigger="test")  # H100 first: its top-up is refused
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED and job.wait_reason == "budget"
+    assert job.wait_detail.startswith("H100 now costs")
+
+    run_scheduling_pass(trigger="test")  # at once, on A100 (the hold covers its price)
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.rate_per_gpu_hour == A100_PRICE
+    assert Allocation.objects.filter(attempt=attempt, node__gpu_type=fleet["a100"]).count() == 2
+    hold.refresh_from_db()
+    assert hold.authorized == 2 * H100_PRICE  # no top-up; the excess over A100 was released
+    assert AuditEvent.objects.filter(action="sched.hold.top_up").count() == 0
+    assert verify_ledger() == []

@@ -74,6 +74,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             gpu_memory_gb=draw(st.sampled_from((0, 0, 24, 80))),
             regions=tuple(draw(st.lists(st.sampled_from(("eu", "us")), max_size=1))),
             budget_ok=draw(st.booleans()) or draw(st.booleans()),
+            max_price=draw(st.sampled_from((None, None, None, 400_000, 2_000_000))),
         )
         for k in range(draw(st.integers(0, 25)))
     ]
@@ -102,6 +103,8 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
             n = nodes[nid]
             assert n.state == "ready" and n.gpu_type == p.gpu_type
             assert TYPES[n.gpu_type].memory_gb >= job.gpu_memory_gb
+            # A job whose top-up was refused goes only where its hold covers the price.
+            assert job.max_price is None or TYPES[n.gpu_type].price_per_gpu_hour_micro <= job.max_price
             assert not job.regions or n.region in job.regions
             assert all(0 <= i < n.gpu_count for i in idx)
             # Nothing runs into a node's maintenance window (by its max wall).
