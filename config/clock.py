@@ -1,6 +1,8 @@
 """The database clock: the only clock for money and scheduling (DESIGN.md §8)."""
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from django.db import connection
 from django.utils import timezone
@@ -14,3 +16,15 @@ def db_now() -> datetime:
         cursor.execute("SELECT now()")
         (value,) = cursor.fetchone()
     return value
+
+
+def aware_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A row read by plain SQL, its datetimes UTC-aware as the ORM gives them.
+
+    SQLite (embedded mode) stores UTC and hands plain SQL naive datetimes; the ORM's converters
+    are skipped on that path, so comparing one with `now()` raised TypeError (QA: an expiring API
+    key answered 500, any maintenance window stopped every scheduler pass). PostgreSQL's are aware.
+    """
+    if connection.vendor == "postgresql":
+        return tuple(row)
+    return tuple(v.replace(tzinfo=UTC) if isinstance(v, datetime) and v.tzinfo is None else v for v in row)

@@ -59,18 +59,23 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
+            return await self._refuse(CLOSE_UNAUTHENTICATED)
         self.scope_filter = await _scope_of(user)
         if self.scope_filter is None:
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
+            return await self._refuse(CLOSE_FORBIDDEN)
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         await self.accept()
         await self._send_snapshot(await _build_snapshot())
         interval = pull_interval_seconds()
         if interval > 0:
             self._pull_task = asyncio.create_task(self._pull_loop(interval))
+
+    async def _refuse(self, code: int) -> None:
+        """Accept, then close with `code`: a close before the handshake is answered with HTTP 403
+        and the browser sees only 1006, so the page could not tell "sign in again" from a dropped
+        connection and reconnected for ever (QA)."""
+        await self.accept()
+        await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
         if self._pull_task is not None:

@@ -70,6 +70,22 @@ for q in Job.objects.filter(state=JobState.QUEUED):
 got = {(r["org_id"], r["reason"]): r["oldest"] for r in queue_by_org_and_reason()}
 assert got.keys() == expected.keys() and all(abs((got[k] - expected[k]).total_seconds()) < 1 for k in got), (
     got, expected)
+# Plain-SQL reads of datetimes (QA, session 13: both were 500s / a crashed pass on SQLite).
+_, expiring = create_api_key(user=get_user_model().objects.get(username="alice"), name="expiring",
+                             expires_at=timezone.now() + timedelta(days=1))
+other = APIClient()
+other.credentials(HTTP_AUTHORIZATION=f"Bearer {expiring}")
+check(other.get("/api/v1/orgs"), 200)
+from scheduling.models import Node
+from scheduling.services.tick import run_scheduling_pass
+Node.objects.all().update(state="ready", last_heartbeat_at=timezone.now(),  # as if agents ran
+                          maintenance_from=now + timedelta(minutes=5),
+                          maintenance_until=now + timedelta(minutes=15))
+l4 = dict(body, name="short", max_wall_seconds=60)
+short = check(api.post("/api/v1/jobs", l4, format="json", HTTP_IDEMPOTENCY_KEY="s"), 201).json()
+run_scheduling_pass(trigger="test")  # the writer re-reads the windows by plain SQL
+placed = Job.objects.get(pk=short["id"])
+assert placed.state == JobState.SCHEDULED, placed.wait_detail
 check(api.post(f"/api/v1/jobs/{job['id']}/cancel", HTTP_IDEMPOTENCY_KEY="c"), 200)
 bucket = Bucket.objects.filter(org=acme, available__gt=0).order_by("pk").first()
 void_credits(bucket=bucket, reason="smoke", key="smoke", close=True)

@@ -38,6 +38,7 @@ from rest_framework.request import Request
 from accounts.keys import hash_key, parse_prefix
 from accounts.models import ApiKey
 from accounts.selectors import FINANCE_GROUP
+from config.clock import aware_row
 
 logger = logging.getLogger(__name__)
 _MAX_CACHED = 4096
@@ -71,7 +72,7 @@ def _fetch(prefix: str) -> tuple[Any, ...] | None:
     with connection.cursor() as cursor:
         cursor.execute(sql, [FINANCE_GROUP, prefix])
         row = cursor.fetchone()
-    return tuple(row) if row is not None else None
+    return aware_row(row) if row is not None else None
 
 
 def _build(row: tuple[Any, ...]) -> ApiKey:

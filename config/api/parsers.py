@@ -26,6 +26,8 @@ class BoundedJSONParser(parsers.JSONParser):
             return fastjson.loads(raw, parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as error:
             raise ParseError(f"Malformed JSON: {error}") from error
+        except RecursionError as error:  # past orjson's depth limit, then the stdlib's (QA: a 500)
+            raise ParseError("Malformed JSON: nested too deeply.") from error
 
 
 def _reject_constant(name: str) -> Any:

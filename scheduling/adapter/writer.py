@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from django.db.models import F
 
 from audit.models import AuditEvent
 from audit.services import NewEvent, record_many
+from config.clock import aware_row
 from config.errors import DomainError
 from ledger.models import Hold
 from metering.models import AttemptUsage
@@ -140,7 +142,8 @@ def _nodes_in_service(node_ids: set[int]) -> dict[int, tuple[Any, Any]]:
             f"AND state = %s AND cordon = %s ORDER BY id{lock}",
             [*sorted(node_ids), NodeState.READY, NodeCordon.NONE],
         )
-        return {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        rows = [aware_row(row) for row in cursor.fetchall()]
+    return {row[0]: (row[1], row[2]) for row in rows}
 
 
 def _clear_of_windows(place: core.Place, usable: dict[int, tuple[Any, Any]], now: datetime) -> bool:
@@ -269,12 +272,14 @@ def _preempt(loaded: Loaded, preempts: list[core.Preempt], applied: Applied,
 
 
 def _expected_starts(reservations: list[core.Reservation]) -> dict[int, datetime]:
-    """Job id -> the earliest start a reservation of this pass expects for it."""
+    """Job id -> the earliest start a reservation of this pass expects for it, rounded up to the
+    second: a "by" bound that every view shows alike (QA: the portal cut the seconds off, showing
+    a time before the reservation's)."""
     starts: dict[int, float] = {}
     for res in reservations:
         if res.start_at < starts.get(res.job_id, float("inf")):
             starts[res.job_id] = res.start_at
-    return {job_id: datetime.fromtimestamp(at, UTC) for job_id, at in starts.items()}
+    return {job_id: datetime.fromtimestamp(math.ceil(at), UTC) for job_id, at in starts.items()}
 
 
 def _skip(loaded: Loaded, result: core.Result, applied: Applied, events: list[NewEvent]) -> None:

@@ -66,7 +66,9 @@ class VictimIndex:
             could = job.preemptible
             exempt = min_runtime * exempt_growth**grown
             eligible = could and now - job.started_at >= exempt
-            if could and not signalled and not eligible:
+            # A job that reaches its wall limit before its exemption ends never becomes a victim
+            # (QA: a 45-s job was named as stopping being exempt in 10 minutes).
+            if could and not signalled and not eligible and exempt < job.max_wall_seconds:
                 ends = self._exempt_end[job.gpu_type]
                 key = (rank_of(job.priority_class), max(state.node[n].gpu_count for n, _ in job.allocations))
                 ends[key] = min(ends.get(key, job.started_at + exempt), job.started_at + exempt)

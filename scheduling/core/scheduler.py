@@ -37,6 +37,7 @@ FailKey = tuple[str, tuple[str, ...], frozenset[int], bool]
 _NONE: frozenset[int] = frozenset()
 Shape = tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]
 _NO_FREE_GANG = "no free gang of GPUs"
+_FITS_ON = "fits on "  # a wait behind GPUs held for a reservation: "fits on H100 only by delaying job N"
 
 
 def before_maintenance(snap: Snapshot, walls_of: Callable[[PendingJob], dict[str, float]]) -> dict[int, Node]:
@@ -270,17 +271,26 @@ class _Pass:
                 break
 
     def _release_named(self, job_id: int) -> None:
-        """Jobs told `reserved-for-job-N` of a job N the fill just placed wait for GPUs or room
-        no longer promised to anyone: `resources` until the next pass offers them (fuzz: they
+        """Jobs told `reserved-for-job-N` for GPUs held for a job N the fill just placed wait for
+        GPUs no longer promised to anyone: `resources` until the next pass offers them (fuzz: they
         named a placed job that held nothing)."""
         code = reasons.reserved_for(job_id)
         detail = (f"no free gang now; what was held for job {job_id} is free again (it started on a "
                   "node before that node's maintenance window) and is offered next pass")
         decisions = self.result.decisions
+        pending = {j.id: j for j in self.snap.pending}
         for k, decision in enumerate(decisions):
-            if isinstance(decision, Skip) and decision.reason_code == code:
-                decisions[k] = Skip(decision.job_id, reasons.RESOURCES, detail)
-                self.result.wait_reasons[decision.job_id] = reasons.RESOURCES
+            if not isinstance(decision, Skip) or decision.reason_code != code:
+                continue
+            new = Skip(decision.job_id, reasons.RESOURCES, detail)
+            if not decision.detail.startswith(_FITS_ON):  # quota room promised to N, N's own now
+                job = pending[decision.job_id]
+                walls = self.walls(job)
+                blocks = [self.quota.block(job, t, self.now + w) for t, w in walls.items()]
+                if all(b is not None and b.holder is None for b in blocks):  # review: over it now
+                    new = Skip(job.id, reasons.QUOTA, self.quota.detail(job, list(walls)))
+            decisions[k] = new
+            self.result.wait_reasons[decision.job_id] = new.reason_code
 
     def _wait_settled(self, jobs: list[PendingJob]) -> None:
         """consider() for the rest of the queue once nothing_can_start() holds, in one loop.
@@ -427,7 +437,7 @@ class _Pass:
         for t in types:
             holder = self.reserved_holder(job, t)
             if holder is not None:
-                detail = f"fits on {t} only by delaying job {holder}{exempt}"
+                detail = f"{_FITS_ON}{t} only by delaying job {holder}{exempt}"
                 return self._skip_shape(job, shape, types, walls, reasons.reserved_for(holder), detail)
         first_block = self.blocked_by is None
         if first_block:
@@ -488,12 +498,17 @@ class _Pass:
         return gpus <= self._group_totals.get(gpu_type, 0)
 
     def _not_ready_by_type(self) -> dict[str, dict[str, int]]:
-        """{gpu type: {state: nodes}} of the nodes that are not ready, counted once per pass."""
+        """{gpu type: {state: nodes}} of the nodes that are not ready, counted once per pass; a
+        ready node held out of the pass for its maintenance window counts as `due-for-maintenance`
+        (QA: a job longer than the time left before the only node of its type was told it does
+        not fit the fleet, with no word of the window)."""
         if self._not_ready is None:
             self._not_ready = defaultdict(lambda: defaultdict(int))
             for node in self.snap.nodes:
                 if node.state != "ready":
                     self._not_ready[node.gpu_type][node.state] += 1
+                elif node.id in self.limited:
+                    self._not_ready[node.gpu_type]["due-for-maintenance"] += 1
         return self._not_ready
 
     def _not_ready_note(self, types: list[str]) -> str:
@@ -773,10 +788,18 @@ class _Pass:
             )
         return self.victims
 
+    def _paid(self, job: PendingJob, types: list[str]) -> list[str]:
+        """The types a preemption may be made for: those whose price the job's hold already pays."""
+        if job.hold_covers is None:
+            return types
+        price = self.snap.gpu_types
+        return [t for t in types if price[t].price_per_gpu_hour_micro <= job.hold_covers]
+
     def try_quota_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
         """A job held back only by its org's or project's concurrent-GPU quota may preempt lower-class
         jobs of that same org/project on the type (Kueue's preemption within a queue): they make
         room under the quota, and never another tenant's jobs."""
+        types = self._paid(job, types)
         victims, g = self.victim_index(), job.gpu_count
         rank = self.cls(job.priority_class).rank
         for t in types:
@@ -833,6 +856,7 @@ class _Pass:
             self.excluded.update((node_id, i) for i in idx)
 
     def try_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
+        types = self._paid(job, types)
         rank = self.cls(job.priority_class).rank
         victims = self.victim_index()
         for t in types:

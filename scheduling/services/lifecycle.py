@@ -426,7 +426,7 @@ def fund_job(*, job: Job) -> bool:
     key = f"job:{job.pk}:attempt:{job.attempt_count + 1}:hold"
     try:
         with transaction.atomic():  # savepoint: a refusal must not poison the caller's transaction
-            hold = reserve_job_hold(job=job, key=key)
+            hold, priced = reserve_job_hold(job=job, key=key)
     except DomainError as error:
         # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
         # A longer retry backoff (a lost node) still stands: funding never shortens it.
@@ -446,7 +446,7 @@ def fund_job(*, job: Job) -> bool:
         return False
     # Without a hold window the hold is the whole run; with one, the run is priced (at today's prices).
     windowed = hold_seconds(job) < job.max_wall_seconds
-    estimate = price_job_hold(job, whole_run=True) if windowed else hold.authorized
+    estimate = price_job_hold(job, priced, whole_run=True) if windowed else hold.authorized
     Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=estimate)
     job.current_hold, job.estimate = hold, estimate
     return True

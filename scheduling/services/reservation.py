@@ -4,14 +4,16 @@ from datetime import datetime
 
 from django.db import transaction
 
+from budgets.errors import BudgetExceeded
 from budgets.services import precheck_budgets, reserve_budgets
 from config.clock import db_now
 from config.errors import DomainError
+from ledger.errors import InsufficientCredits
 from ledger.models import Hold
 from ledger.services import CallerEvent, place_hold
 from scheduling.core.feasibility import Never, why_never_fits, why_over_quota
 from scheduling.models import Job
-from scheduling.pricing import Catalog, catalog, catalog_knowing, cost, hold_amount
+from scheduling.pricing import Catalog, catalog, catalog_knowing, cost, current_prices, hold_amount
 
 
 class NoEligibleGpuType(DomainError):
@@ -146,19 +148,43 @@ def place_job_hold(
     return hold
 
 
+def price_tiers(types: list[str], at: datetime) -> list[list[str]]:
+    """`types` and, after them, those below each lower price level: [[H100, A100, L4], [A100, L4],
+    [L4]] for three prices. A hold priced at a tier pays for every type in it."""
+    prices = current_prices(types, at)
+    levels = sorted(set(prices.values()), reverse=True)
+    return [[t for t in types if prices.get(t, 0) <= level] for level in levels] or [types]
+
+
 @transaction.atomic(savepoint=False)
-def reserve_job_hold(*, job: Job, key: str) -> Hold:
+def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
     """Price the job's hold, check every budget level, then hold the funds; idempotent by key.
+    Returns the hold and the types it was priced over.
+
+    The hold is priced at the dearest type that could run the job; when the funds or a budget
+    refuse that, at the next cheaper price level, and so on (review: a job accepted at A100's
+    price, requeued once an H100 node had appeared in its region, was priced at H100's, refused,
+    and waited `budget` for ever with A100 free). The scheduler tops a hold up before placing a
+    job on a dearer type, or runs it on the types the hold covers.
 
     Lock order: the caller holds the job; budget periods (org, project, member) are locked and
-    checked here before `place_hold` locks buckets. Raises BudgetExceeded or InsufficientCredits.
+    checked here before `place_hold` locks buckets. Raises BudgetExceeded or InsufficientCredits
+    (for the cheapest level), or BudgetBeingSet.
     """
     existing = Hold.objects.filter(org_id=job.org_id, key=key).first()
     if existing is not None:
-        return existing
+        return existing, list(existing.gpu_types)
     now = db_now()
     types = eligible_gpu_types(job)
     priced = runnable_types(catalog(), types, job.gpu_count, tuple(job.regions), job.org_id,
                             job.project_id)
-    amount = price_job_hold(job, priced, at=now)
-    return place_job_hold(job=job, key=key, types=types, amount=amount, now=now)
+    tiers = price_tiers(priced, now)
+    for n, tier in enumerate(tiers, start=1):
+        amount = price_job_hold(job, tier, at=now)
+        try:
+            with transaction.atomic():  # a refused level leaves nothing behind
+                return place_job_hold(job=job, key=key, types=types, amount=amount, now=now), tier
+        except (BudgetExceeded, InsufficientCredits):
+            if n == len(tiers):
+                raise
+    raise AssertionError("unreachable: the last level re-raises")

@@ -98,6 +98,38 @@ def test_a_type_runnable_after_submission_does_not_starve_a_job_its_hold_cannot_
     assert attempt.rate_per_gpu_hour == A100_PRICE
 
 
+def test_a_requeued_job_is_held_at_the_price_its_funds_cover(job_body: Callable, fleet: dict) -> None:
+    """Review: accepted at A100's price (no H100 in its region), run on A100, then requeued after
+    an H100 node appeared: its new hold was priced at H100's price, refused, and the job waited
+    `budget` for ever with A100 free. Now the requeue holds at the next price level it can fund."""
+    from scheduling.models import JobAttempt, NodeState, Region
+    from scheduling.pricing import catalog
+    from scheduling.services.lifecycle import finish_attempt
+    from scheduling.services.tick import run_scheduling_pass
+    from tests.api.factories import make_tenant
+
+    tenant = make_tenant(funds=A100_PRICE)
+    Node.objects.filter(name="H100-us").delete()
+    catalog(fresh=True)
+    body = job_body(project=tenant.project.pk, gpu_types=["H100", "A100"], regions=["us"], gpu_count=1)
+    response = post(client_for(tenant.user), body)
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    run_scheduling_pass(trigger="test")
+    attempt = JobAttempt.objects.get(job=job)
+    Node.objects.create(name="H100-us2", region=Region.objects.get(code="us"), gpu_type=fleet["H100"],
+                        gpu_count=8, state=NodeState.READY)
+    catalog(fresh=True)
+    finish_attempt(attempt=attempt, outcome="withdrawn")  # requeued at once, with a fresh hold
+    job.refresh_from_db()
+    assert job.state == "queued" and job.current_hold_id is not None, job.wait_detail
+    assert job.current_hold.authorized == A100_PRICE and job.estimate == A100_PRICE
+    run_scheduling_pass(trigger="test")  # H100 first: the top-up is refused, so it is capped
+    run_scheduling_pass(trigger="test")
+    second = JobAttempt.objects.filter(job=job).exclude(pk=attempt.pk).get()
+    assert second.rate_per_gpu_hour == A100_PRICE
+
+
 def test_hold_skips_types_below_memory_floor(api: APIClient, job_body: Callable) -> None:
     # A100 (40 GB) meets 40 GB; with a 64 GB floor only H100 counts; L4 never does.
     response = post(api, job_body(gpu_types=["A100", "L4"], gpu_memory_gb=24, gpu_count=1))
@@ -191,7 +223,9 @@ def test_non_preemptible_allowed_for_production(api: APIClient, job_body: Callab
     assert default.json()["preemptible"] is False
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"null", b'{"gpu_count": NaN}'])
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"null", b'{"gpu_count": NaN}',
+                                 b"[" * 1100 + b"]" * 1100,  # QA: nested past both parsers' limits: 500
+                                 b'{"a":' * 2000 + b"1" + b"}" * 2000])
 def test_malformed_json_is_400(api: APIClient, raw: bytes) -> None:
     response = api.post("/api/v1/jobs", raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
     assert response.status_code == 400

@@ -151,7 +151,7 @@ def test_jobs_show_state_and_why_they_wait(world: World) -> None:
     world.job.save()
     html = _client(world.alice).get("/").content.decode()
     row = re.search(rf'<tr data-job="{world.job.id}">(.*?)</tr>', html, re.S)
-    assert row and "expected to start by 2026-12-01 09:30 UTC" in row.group(1)
+    assert row and "expected to start by 2026-12-01 09:30:00 UTC" in row.group(1)
 
 
 def test_a_queued_job_shows_where_it_stands_in_the_queue(world: World) -> None:

@@ -89,7 +89,8 @@ def make_hold(tenant: dict[str, Any]) -> Callable[..., Hold]:
 
 @pytest.fixture
 def make_job(tenant: dict[str, Any], make_hold: Callable[..., Hold]) -> Callable[..., Job]:
-    def make(state: str = JobState.QUEUED, *, hold: bool = True, **kw: Any) -> Job:
+    def make(state: str = JobState.QUEUED, *, hold: bool = True, hold_amount: int | None = None,
+             **kw: Any) -> Job:
         fields: dict[str, Any] = {
             "org": tenant["org"], "project": tenant["project"], "user": tenant["user"],
             "name": "train", "gpu_types": ["H100", "A100"], "gpu_count": 2,
@@ -99,7 +100,7 @@ def make_job(tenant: dict[str, Any], make_hold: Callable[..., Hold]) -> Callable
         }
         fields.update(kw)
         if hold and "current_hold" not in fields:
-            fields["current_hold"] = make_hold()
+            fields["current_hold"] = make_hold() if hold_amount is None else make_hold(hold_amount)
             fields["estimate"] = fields["current_hold"].authorized
         return Job.objects.create(state=state, **fields)
 

@@ -226,7 +226,8 @@ def _batch_running_and_production_queued(
     for i in range(gpus):
         Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=long_ago)
     urgent = make_job(JobState.QUEUED, gpu_count=gpus, gpu_types=["H100"],
-                      priority_class=priority("production"), preemptible=False)
+                      priority_class=priority("production"), preemptible=False,
+                      hold_amount=gpus * H100_PRICE)  # its hour on H100: a preemption must be paid for
     return victim, attempt, urgent
 
 
@@ -316,7 +317,8 @@ def test_a_job_waiting_for_its_quota_is_not_overtaken_by_a_later_job_of_its_org(
     assert urgent.wait_reason == "quota"
     assert "; quota reserved for it from " in urgent.wait_detail and urgent.wait_detail.endswith(" on H100")
     # Its quota room comes when the running job reaches its max wall: its expected start.
-    assert abs((urgent.expected_start_at - (started + timedelta(hours=1))).total_seconds()) < 1e-3
+    ahead = (urgent.expected_start_at - (started + timedelta(hours=1))).total_seconds()
+    assert 0 <= ahead < 1 and urgent.expected_start_at.microsecond == 0  # rounded up to the second
     assert later.expected_start_at is None
     assert (later.wait_reason, later.wait_detail) == (
         f"reserved-for-job-{urgent.pk}",
@@ -352,9 +354,9 @@ def test_a_blocked_job_shows_when_its_reservation_expects_it_to_start(
     big.refresh_from_db()
     expected = started + timedelta(seconds=3600)
     assert big.expected_start_at is not None
-    assert abs((big.expected_start_at - expected).total_seconds()) < 1e-3
+    assert 0 <= (big.expected_start_at - expected).total_seconds() < 1  # rounded up to the second
     shown = api.get(f"/api/v1/jobs/{big.pk}").json()["expected_start_at"]
-    assert shown is not None and abs((parse_datetime(shown) - expected).total_seconds()) < 1e-3
+    assert shown is not None and 0 <= (parse_datetime(shown) - expected).total_seconds() < 1
     assert api.get(f"/api/v1/jobs/{small.pk}").json()["expected_start_at"] is None  # no reservation
     run_scheduling_pass(trigger="test")  # the same reservation: nothing to rewrite
     assert SchedulerPass.objects.order_by("pk").last().waiting_changed == 0  # type: ignore[union-attr]

@@ -143,3 +143,29 @@ def test_jobs_told_to_wait_for_a_job_placed_before_a_window_wait_for_resources()
     assert res.wait_reasons == {2: R.RESOURCES}
     [skip] = [d for d in res.decisions if d.job_id == 2]
     assert "job 1" in skip.detail and "next pass" in skip.detail
+
+
+def test_a_job_longer_than_the_time_before_a_window_is_told_about_the_window() -> None:
+    """QA: the only A100 node, ready, its window in 4 minutes; a 20-minute job was told it does
+    not fit the ready fleet even when idle, with no word of the window."""
+    nodes = [node(1, "A100", 4, available_until=NOW + 240)]
+    pending = [job(90, wall=1200.0, gpu_types=("A100",), submitted=1.0),
+               job(92, wall=120.0, gpu_types=("A100",), submitted=2.0)]
+    res = schedule(snap(nodes, pending, now=NOW))
+    assert [p.job_id for p in res.placements] == [92]  # ends before the window: filled in
+    [skip] = res.skips
+    assert skip.job_id == 90 and "1 due-for-maintenance node of its types" in skip.detail
+
+
+def test_a_job_behind_quota_room_promised_to_a_job_placed_before_a_window_waits_for_its_quota() -> None:
+    """Review: the org's H100 quota is 5; job 1 (4 GPUs) was promised the room, then placed before
+    node 1's window. Job 2 (2 GPUs) is over the quota now, not waiting for GPUs."""
+    nodes = [node(1, gpus=4, available_until=NOW + 1800), node(2, gpus=8, free=(6, 7))]
+    run = [running(900, ((2, (0, 1, 2, 3, 4, 5)),), started=NOW - 100, wall=1000.0, org_id=9)]
+    pending = [job(1, gpus=4, wall=600.0, submitted=1.0, gpu_types=("H100",)),
+               job(2, gpus=2, wall=7200.0, submitted=2.0, gpu_types=("H100",))]
+    res = schedule(snap(nodes, pending, run, now=NOW, quotas=Quotas(org={(1, "H100"): 5})))
+    assert [p.job_id for p in res.placements] == [1]
+    assert res.wait_reasons[2] == R.QUOTA
+    [skip] = [d for d in res.skips if d.job_id == 2]
+    assert "H100 org 4 of 5 in use" in skip.detail

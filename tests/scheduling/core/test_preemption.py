@@ -345,6 +345,14 @@ def test_a_blocked_preemptor_is_told_when_its_victims_stop_being_exempt() -> Non
     assert _wait_detail(res, 1).endswith("exempt from preemption at 1970-01-01T03:10:00Z")  # 11,400 s
 
 
+def test_no_exemption_note_for_jobs_that_end_before_their_exemption() -> None:
+    """QA: a 45-s job was named as stopping being exempt at the end of its 10-minute minimum
+    runtime; it reaches its wall limit first, so it never becomes a victim."""
+    short = [running(50, ((1, tuple(range(8))),), cls="batch", started=NOW - 10, wall=45.0)]
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], short, now=NOW))
+    assert res.preemptions == [] and "exempt" not in _wait_detail(res, 1)
+
+
 def test_no_exemption_note_when_nothing_lower_could_be_preempted() -> None:
     # The runner is of the same class (not a candidate at any age) and the waiting batch job may
     # not preempt at all: neither detail mentions an exemption.
