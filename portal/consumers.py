@@ -86,7 +86,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        # The page may ask for a fresh snapshot (e.g. after the tab was hidden); nothing else.
+        # The page may ask for a fresh snapshot (e.g. after the tab was hidden); nothing else. A
+        # refused socket is closing: a frame that arrived meanwhile gets nothing (review).
+        if self.scope_filter is None:
+            return
         if isinstance(content, dict) and content.get("type") == "refresh":
             await self._send_snapshot(await _build_snapshot())
 

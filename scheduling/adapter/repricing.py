@@ -47,6 +47,25 @@ def _gpus(place: core.Place) -> int:
     return sum(len(idx) for _, idx in place.allocations)
 
 
+def dearer_preemptors(loaded: Loaded, result: core.Result) -> list[core.Place]:
+    """The runs that this pass's new preemptions make room for, as the placements they will be,
+    where they cost more than the preemptor's hold holds: the writer tops those holds up before it
+    signals any victim, and signals none for a run it cannot fund."""
+    preemptors = {d.for_job_id for d in result.preemptions}
+    prices = loaded.snapshot.gpu_types
+    runs = []
+    for res in result.reservations:
+        row = loaded.pending.get(res.job_id)
+        if res.kind != "preemption" or res.job_id not in preemptors or row is None:
+            continue
+        rate = prices[res.gpu_type].price_per_gpu_hour_micro
+        run = core.Place(res.job_id, res.gpu_type, res.allocations, False, reasons.PLACED, rate,
+                         float(row.max_wall_seconds))
+        if placed_cost(row, _gpus(run), rate) > row.hold_remaining:
+            runs.append(run)
+    return runs
+
+
 def top_up_dearer(loaded: Loaded, places: list[core.Place], events: list[NewEvent]) -> list[core.Place]:
     """Extend the holds of placements that cost more than their hold holds; returns the places to
     make (the refused ones are dropped and their jobs told why). The caller holds the jobs' locks

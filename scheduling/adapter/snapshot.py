@@ -321,9 +321,9 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
          released, aging_from, expected_start_at, capped_until, _dependency) = row
         eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         remaining = (authorized or 0) - (captured or 0) - (released or 0)
-        covers = covered_rate(remaining, gpus * (min(wall, window) if window else wall) * 1000)
-        # A top-up was refused (repricing): placed only where the hold pays, for a while.
-        max_price = covers if capped_until is not None and capped_until > now else None
+        max_price = None
+        if capped_until is not None and capped_until > now:  # a top-up was refused: see repricing
+            max_price = covered_rate(remaining, gpus * (min(wall, window) if window else wall) * 1000)
         jobs.append(
             core.PendingJob(
                 id=job_id,
@@ -342,7 +342,6 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
                 regions=tuple(regions or ()),
                 budget_ok=hold_id is not None and hold_state == HoldState.ACTIVE,
                 run_seconds=before.get(job_id, _NONE_BEFORE).ran_seconds,
-                hold_covers=covers,
                 max_price=max_price,
             )
         )

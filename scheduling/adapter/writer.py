@@ -27,7 +27,7 @@ from config.errors import DomainError
 from ledger.models import Hold
 from metering.models import AttemptUsage
 from scheduling import core
-from scheduling.adapter.repricing import placed_cost, top_up_dearer
+from scheduling.adapter.repricing import dearer_preemptors, placed_cost, top_up_dearer
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.core import reasons as core_reasons
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState, Node, NodeCordon, NodeState
@@ -157,16 +157,23 @@ def _clear_of_windows(place: core.Place, usable: dict[int, tuple[Any, Any]], now
     return True
 
 
-def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent]) -> None:
-    if not places:
-        return
+def _place(
+    loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent],
+    preempting: list[core.Place],
+) -> set[int]:
+    """Make the placements; first top up the holds of placements, and of preemptors (`preempting`:
+    their runs as they would be placed), that cost more than the hold holds. Returns the
+    preemptors whose run is not funded (or which are no longer queued): their victims are not
+    signalled (review: a top-up refused at placement had stopped them for nothing)."""
+    if not places and not preempting:
+        return set()
     # Lock the jobs (one query, id order) and keep only those still queued with a hold and not
     # held by their user since the snapshot was read, on nodes still in service.
     locked = {
         job_id: count + 1
         for job_id, count in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=[p.job_id for p in places], state=JobState.QUEUED, current_hold__isnull=False,
-                held=False)
+        .filter(pk__in=[p.job_id for p in (*places, *preempting)], state=JobState.QUEUED,
+                current_hold__isnull=False, held=False)
         .order_by("pk")
         .values_list("id", "attempt_count")
     }
@@ -175,11 +182,17 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
                if p.job_id in locked and all(n in usable for n, _ in p.allocations)
                and _clear_of_windows(p, usable, loaded.now)}
     applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
-    funded = top_up_dearer(loaded, [p for p in places if p.job_id in numbers], events)
+    funded = top_up_dearer(
+        loaded, [p for p in places if p.job_id in numbers] + [p for p in preempting if p.job_id in locked],
+        events)
+    unfunded = {p.job_id for p in preempting} - {p.job_id for p in funded}
+    funded = [p for p in funded if p.job_id in numbers]
+    if not funded:
+        return unfunded
     done, conflicts = _insert_placements(funded, loaded, numbers)
     applied.conflicts.extend(conflicts)
     if not done:
-        return
+        return unfunded
     AttemptUsage.objects.bulk_create(
         [AttemptUsage(attempt_id=a.pk, org_id=a.org_id) for _, a in done], batch_size=5000
     )
@@ -209,6 +222,7 @@ def _place(loaded: Loaded, places: list[core.Place], applied: Applied, events: l
         if place.rate_micro_per_gpu_hour < dearest:
             cheaper.append((place.job_id, attempt, row))
     applied.excess_released += _release_excess_many(cheaper)
+    return unfunded
 
 
 def _excess(hold: Hold, attempt: JobAttempt, row: PendingRow) -> int:
@@ -282,13 +296,16 @@ def _expected_starts(reservations: list[core.Reservation]) -> dict[int, datetime
     return {job_id: datetime.fromtimestamp(math.ceil(at), UTC) for job_id, at in starts.items()}
 
 
-def _skip(loaded: Loaded, result: core.Result, applied: Applied, events: list[NewEvent]) -> None:
+def _skip(
+    loaded: Loaded, result: core.Result, applied: Applied, events: list[NewEvent], leave: set[int],
+) -> None:
+    """Write the wait reasons that changed; `leave`: jobs told why already (an unfunded preemptor)."""
     # (job id, reason, detail, expected start): no model instances for 10k rows
     changed: list[tuple[int, str, str, datetime | None]] = []
     starts = _expected_starts(result.reservations)
     for skip in result.skips:
         row = loaded.pending.get(skip.job_id)
-        if row is None:
+        if row is None or skip.job_id in leave:
             continue
         detail = skip.detail[:255]
         if skip.reason_code == row.wait_reason == core_reasons.BUDGET and row.wait_detail:
@@ -335,8 +352,8 @@ def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
     """Apply `result` inside the caller's transaction (which holds the leader lock)."""
     applied = Applied()
     events: list[NewEvent] = []
-    _place(loaded, result.placements, applied, events)
-    _preempt(loaded, result.preemptions, applied, events)
-    _skip(loaded, result, applied, events)
+    unfunded = _place(loaded, result.placements, applied, events, dearer_preemptors(loaded, result))
+    _preempt(loaded, [d for d in result.preemptions if d.for_job_id not in unfunded], applied, events)
+    _skip(loaded, result, applied, events, leave=unfunded)
     applied.events = record_many(events)
     return applied

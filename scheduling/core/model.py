@@ -95,10 +95,6 @@ class PendingJob:
     run_seconds: float = 0.0
     """Seconds this job already ran in earlier attempts (a preempted job queued again). Aging counts
     time spent waiting, so this is subtracted from the time since submission."""
-    hold_covers: int | None = None
-    """Per-GPU-hour price (micro-credits) its hold pays for without a top-up. It preempts only on
-    types at or below it: a top-up is tried at placement, after the victims have been stopped,
-    and a refused one would have stopped them for nothing (review). None: no limit."""
     max_price: int | None = None
     """Per-GPU-hour price (micro-credits) above which the job is not placed this pass: set while a
     top-up of its hold for a dearer type stands refused, so it runs on the types its hold covers

@@ -788,18 +788,10 @@ class _Pass:
             )
         return self.victims
 
-    def _paid(self, job: PendingJob, types: list[str]) -> list[str]:
-        """The types a preemption may be made for: those whose price the job's hold already pays."""
-        if job.hold_covers is None:
-            return types
-        price = self.snap.gpu_types
-        return [t for t in types if price[t].price_per_gpu_hour_micro <= job.hold_covers]
-
     def try_quota_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
         """A job held back only by its org's or project's concurrent-GPU quota may preempt lower-class
         jobs of that same org/project on the type (Kueue's preemption within a queue): they make
         room under the quota, and never another tenant's jobs."""
-        types = self._paid(job, types)
         victims, g = self.victim_index(), job.gpu_count
         rank = self.cls(job.priority_class).rank
         for t in types:
@@ -856,7 +848,6 @@ class _Pass:
             self.excluded.update((node_id, i) for i in idx)
 
     def try_preempt(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> bool:
-        types = self._paid(job, types)
         rank = self.cls(job.priority_class).rank
         victims = self.victim_index()
         for t in types:

@@ -57,6 +57,23 @@ def test_anonymous_is_rejected(world: World) -> None:
     async_to_sync(scenario)(world)
 
 
+def test_a_refused_socket_answers_nothing_more(world: World) -> None:
+    """Review: a refresh sent before the close arrived (the page sends one when its tab shows)
+    built a whole dashboard snapshot for an anonymous client, then failed."""
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(None)
+        connected, _ = await communicator.connect()
+        assert connected is True
+        await communicator.send_json_to({"type": "refresh"})
+        closed = await communicator.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()  # raises what the consumer raised
+
+    async_to_sync(scenario)(world)
+
+
 def test_plain_member_is_rejected(world: World) -> None:
     async def scenario(world_async: World) -> None:
         communicator = await _communicator(world_async.alice)

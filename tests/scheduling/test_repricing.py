@@ -15,10 +15,10 @@ from config.clock import db_now
 from ledger.models import Hold
 from ledger.services import place_hold
 from ledger.verification import verify_ledger
-from scheduling.models import Allocation, GpuPrice, Job, JobAttempt, JobState
+from scheduling.models import Allocation, AttemptState, GpuPrice, Job, JobAttempt, JobState
 from scheduling.services.tick import run_scheduling_pass
 from tests.factories import fund
-from tests.scheduling.conftest import A100_PRICE, H100_PRICE
+from tests.scheduling.conftest import A100_PRICE, H100_PRICE, priority
 
 pytestmark = pytest.mark.django_db
 
@@ -159,4 +159,76 @@ def test_a_refused_top_up_runs_the_job_at_once_on_a_type_its_hold_covers(
     hold.refresh_from_db()
     assert hold.authorized == 2 * H100_PRICE  # no top-up; the excess over A100 was released
     assert AuditEvent.objects.filter(action="sched.hold.top_up").count() == 0
+    assert verify_ledger() == []
+
+
+def _production_behind_a_batch_job(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> tuple[JobAttempt, Job, Hold]:
+    """A batch job on all 8 H100s for 2 h (8 h of wall left), and an 8 x H100 production job for
+    1 h whose hold was priced at H100's old price."""
+    since = db_now() - timedelta(hours=2)
+    running = place_hold(org=tenant["org"], amount=MICRO, key="victim", project=tenant["project"],
+                         user=tenant["user"], gpu_types=["H100"])
+    victim = make_job(JobState.RUNNING, gpu_count=8, priority_class=priority("batch"),
+                      max_wall_seconds=36_000, current_hold=running, estimate=MICRO)
+    attempt = make_attempt(victim, AttemptState.RUNNING, started_at=since, scheduled_at=since)
+    for i in range(8):
+        Allocation.objects.create(attempt=attempt, node=fleet["node"], gpu_index=i, allocated_at=since)
+    hold = place_hold(org=tenant["org"], amount=8 * H100_PRICE, key="urgent", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    urgent = make_job(JobState.QUEUED, current_hold=hold, estimate=hold.authorized, gpu_types=["H100"],
+                      gpu_count=8, max_wall_seconds=3600, priority_class=priority("production"),
+                      preemptible=False)
+    return attempt, urgent, hold
+
+
+def test_no_victim_is_stopped_for_a_run_whose_top_up_is_refused(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """Review: the top-up came at placement, after the victims had stopped; refused, the preemptor
+    did not run and they had been stopped for nothing. Now it comes first, and nothing stops."""
+    fund(tenant["org"], MICRO + 8 * H100_PRICE)  # exactly the two holds
+    attempt, urgent, hold = _production_behind_a_batch_job(fleet, tenant, make_job, make_attempt)
+    _raise_h100(fleet)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and row.preempted == 0
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING and attempt.stop_requested_at is None
+    assert not AuditEvent.objects.filter(action="sched.preempt").exists()
+    urgent.refresh_from_db()
+    assert urgent.wait_reason == "budget" and "refused" in urgent.wait_detail
+    assert urgent.price_capped_until is not None
+    hold.refresh_from_db()
+    assert hold.authorized == 8 * H100_PRICE
+    # While capped it preempts nothing either (H100 costs more than its hold pays).
+    assert run_scheduling_pass(trigger="test").preempted == 0  # type: ignore[union-attr]
+    assert verify_ledger() == []
+
+
+def test_a_preemption_for_a_dearer_run_tops_the_hold_up_first(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """And with the funds, a price rise does not stop preemption (review: an attempt that filtered
+    victims by what the hold pays stopped all of them after any rise)."""
+    fund(tenant["org"], 100 * MICRO)
+    attempt, urgent, hold = _production_behind_a_batch_job(fleet, tenant, make_job, make_attempt)
+    _raise_h100(fleet)
+
+    row = run_scheduling_pass(trigger="test")
+
+    assert row is not None and row.preempted == 1
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STOPPING
+    hold.refresh_from_db()
+    assert hold.authorized == 8 * NEW_PRICE
+    event = AuditEvent.objects.get(action="sched.hold.top_up", subject_id=str(urgent.pk))
+    assert event.data["amount"] == 8 * (NEW_PRICE - H100_PRICE)
+    urgent.refresh_from_db()
+    assert urgent.wait_reason == "waiting-for-preemption"
     assert verify_ledger() == []

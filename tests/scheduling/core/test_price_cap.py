@@ -1,6 +1,5 @@
 """`PendingJob.max_price`: while a top-up of its hold for a dearer type stands refused, a job is
-placed only on the types its hold covers (adapter/repricing.py), and waits `budget` if none.
-`PendingJob.hold_covers`: it preempts only for a run its hold already pays."""
+placed only on the types its hold covers (adapter/repricing.py), and waits `budget` if none."""
 
 from __future__ import annotations
 
@@ -37,14 +36,3 @@ def test_a_capped_job_reserves_only_on_covered_types() -> None:
     res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100", "A100"), max_price=A100)], run))
     assert [(r.job_id, r.gpu_type) for r in res.reservations] == [(1, "A100")]
 
-
-def test_a_job_preempts_only_for_a_type_its_hold_pays() -> None:
-    """Review: once the cap ran out, a job whose hold pays A100 stopped H100 jobs, whose GPUs it
-    then could not take (the top-up at placement was refused): they were stopped for nothing."""
-    nodes = [node(1, "H100")]
-    run = [running(50, ((1, tuple(range(8))),), cls="batch", started=0.0, wall=99_999.0)]
-    pending = [job(1, gpus=8, cls="production", gpu_types=("H100", "A100"), hold_covers=A100)]
-    res = schedule(snap(nodes, pending, run))
-    assert res.preemptions == [] and res.wait_reasons == {1: R.RESOURCES}
-    paid = [job(1, gpus=8, cls="production", gpu_types=("H100", "A100"), hold_covers=3_000_000)]
-    assert [p.job_id for p in schedule(snap(nodes, paid, run)).preemptions] == [50]

@@ -75,7 +75,6 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             regions=tuple(draw(st.lists(st.sampled_from(("eu", "us")), max_size=1))),
             budget_ok=draw(st.booleans()) or draw(st.booleans()),
             max_price=draw(st.sampled_from((None, None, None, 400_000, 2_000_000))),
-            hold_covers=draw(st.sampled_from((None, None, 400_000, 2_000_000, 3_000_000))),
         )
         for k in range(draw(st.integers(0, 25)))
     ]
@@ -144,8 +143,6 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
         assert s.now - v.started_at >= exempt
         assert rank[v.priority_class] < rank[j.priority_class]
         assert v.priority_class != "production"
-        # Only for a run the preemptor's hold already pays (no top-up after its victims stopped).
-        assert j.hold_covers is None or TYPES[v.gpu_type].price_per_gpu_hour_micro <= j.hold_covers
 
 
 def _exit(r: RunningJob, s: Snapshot, signalled_now: set[int]) -> float:
