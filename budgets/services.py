@@ -355,6 +355,7 @@ def set_budget(
             budget = scope.get()
     redefined = created or (budget.period, budget.window_start, budget.window_end) != (
         period, window_start, window_end)
+    before = None if created else _audited(budget)
     if not created:
         for name, value in fields.items():
             setattr(budget, name, value)
@@ -364,9 +365,17 @@ def set_budget(
     record(action="budget.set", subject_type="budget", subject_id=budget.pk, org_id=org.pk,
            amount=limit, actor_type="user" if actor is not None else "system",
            actor_id=str(actor.pk) if actor is not None else "",
-           data={"level": level, "period": period, "enforcement": enforcement,
+           data={"level": level, **_audited(budget), "before": before,
                  "project": project.pk if project else None, "user": user.pk if user else None})
     return budget, created
+
+
+def _audited(budget: Budget) -> dict[str, Any]:
+    """A budget's definition as its `budget.set` event records it (QA: the limit and the window
+    were missing, and so was what a change replaced)."""
+    return {"limit": budget.limit, "period": budget.period, "enforcement": budget.enforcement,
+            "window_start": budget.window_start.isoformat() if budget.window_start else None,
+            "window_end": budget.window_end.isoformat() if budget.window_end else None}
 
 
 def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | None:

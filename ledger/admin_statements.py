@@ -42,8 +42,9 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         response.content = StatementCsvRenderer().render(statement, renderer_context={"response": response})
         return response
-    rows = []
+    rows, in_progress = [], False
     if statement is not None:
+        in_progress = statement["month"] == this_month  # ends now; a past month ends at its end (QA)
         rows = [("Opening balance", statement["opening"]["total"]), ("Issued", statement["issued"]),
                 ("Consumed", -statement["consumed"]), ("Expired", -statement["expired"]),
                 ("Voided", -statement["voided"]), ("Closing balance", statement["closing"]["total"])]
@@ -55,5 +56,5 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
         for issue in statement["issues"]:
             issue["credits"] = format_credits(issue["amount"])
     context = {**admin_context, "title": "Statement", "form": form, "statement": statement, "rows": rows,
-               "query": request.GET.urlencode()}
+               "in_progress": in_progress, "query": request.GET.urlencode()}
     return TemplateResponse(request, "admin/ledger/bucket/statement.html", context)

@@ -85,6 +85,19 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if self.scope_filter is not None:
             await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
 
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        """Frames that are not JSON text are ignored (QA: a binary or malformed frame raised out of
+        the consumer, dropped the socket without a close and left its pull task running)."""
+        if text_data is None:
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except ValueError:
+            return
+        await self.receive_json(content)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The page may ask for a fresh snapshot (e.g. after the tab was hidden); nothing else. A
         # refused socket is closing: a frame that arrived meanwhile gets nothing (review).

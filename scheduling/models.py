@@ -4,12 +4,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 from simple_history.models import HistoricalRecords
 
 from accounts.models import Organization, Project, Region
+from ledger.amounts import MAX_AMOUNT
 
 
 class GpuType(models.Model):
@@ -28,6 +29,11 @@ class GpuType(models.Model):
 
 
 PRICE_MESSAGE = "A price must be positive: at least 1 micro-credit per GPU-hour."
+# The largest job the API accepts (1,024 GPUs for 30 days) must cost at most what one ledger call
+# may move (QA: a price of 2^63 - 1 was accepted, and every large submission then failed with a 500).
+MAX_PRICE = MAX_AMOUNT // (1024 * 30 * 24)
+MAX_PRICE_MESSAGE = (f"A price may be at most {MAX_PRICE} micro-credits per GPU-hour, so that the largest "
+                     "job (1,024 GPUs for 30 days) stays within what one hold may be.")
 
 
 class GpuPrice(models.Model):
@@ -36,7 +42,8 @@ class GpuPrice(models.Model):
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="prices")
     # Validated here too, so a form names the field (QA: the admin answered a price of 0 with the
     # raw "Constraint “gpu_price_positive” is violated.").
-    price_per_gpu_hour = models.BigIntegerField(validators=[MinValueValidator(1, PRICE_MESSAGE)])
+    price_per_gpu_hour = models.BigIntegerField(validators=[
+        MinValueValidator(1, PRICE_MESSAGE), MaxValueValidator(MAX_PRICE, MAX_PRICE_MESSAGE)])
     effective_from = models.DateTimeField()
     history = HistoricalRecords()
 

@@ -149,3 +149,21 @@ def test_the_embedded_path_reads_the_same_budgets_with_aware_times(monkeypatch: 
     portable = _applicable(tenant.org.pk, tenant.project.pk, tenant.user.pk)
     assert [b.pk for b in portable] == [b.pk for b in prepared] and len(portable) == 2
     assert portable[0].window_start == start and portable[0].window_start.tzinfo is not None
+
+
+def test_setting_a_budget_is_audited_with_its_limit_and_what_it_replaced() -> None:
+    """QA: `budget.set` recorded the level, period and enforcement, not the limit, the window or
+    the values a change replaced."""
+    from audit.models import AuditEvent
+
+    tenant = make_tenant()
+    start, end = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
+    set_budget(org=tenant.org, period="window", window_start=start, window_end=end, limit=20,
+               enforcement="hard")
+    set_budget(org=tenant.org, period="month", limit=500, enforcement="soft")
+    first, second = AuditEvent.objects.filter(action="budget.set").order_by("pk")
+    assert first.data["before"] is None and first.data["limit"] == 20
+    assert first.data["window_start"] == start.isoformat()
+    assert (second.data["limit"], second.data["period"], second.data["enforcement"]) == (500, "month", "soft")
+    assert second.data["before"] == {"limit": 20, "period": "window", "enforcement": "hard",
+                                     "window_start": start.isoformat(), "window_end": end.isoformat()}

@@ -197,6 +197,10 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     (line,) = page.context["statement"]["consumption"]
     assert line["bar"] == 100 and b'class="statement-bar"' in page.content  # the largest line: a full bar
     assert b"Provisional: the figures can still change." in page.content  # the month in progress
+    assert b"the month is in progress: it ends now" in page.content
+    # QA: a past month said so too.
+    past = finance_client.get(url, {"org": org.pk, "month": "2026-01"})
+    assert past.status_code == 200 and b"it ends now" not in past.content
     csv_file = finance_client.get(url, {"org": org.pk, "month": month, "format": "csv"})
     assert csv_file["Content-Type"].startswith("text/csv")
     assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content

@@ -74,6 +74,23 @@ def test_a_refused_socket_answers_nothing_more(world: World) -> None:
     async_to_sync(scenario)(world)
 
 
+def test_frames_that_are_not_json_text_are_ignored(world: World) -> None:
+    """QA: a binary or malformed frame raised out of the consumer and dropped the socket."""
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        await communicator.receive_json_from(timeout=5)  # the first snapshot
+        await communicator.send_to(text_data="not json")
+        await communicator.send_to(bytes_data=b"\x00\x01")
+        await communicator.send_json_to({"type": "refresh"})  # still served
+        assert (await communicator.receive_json_from(timeout=5))["type"] == "snapshot"
+        await communicator.disconnect()  # raises what the consumer raised
+
+    async_to_sync(scenario)(world)
+
+
 def test_plain_member_is_rejected(world: World) -> None:
     async def scenario(world_async: World) -> None:
         communicator = await _communicator(world_async.alice)

@@ -15,7 +15,16 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from scheduling.models import PRICE_MESSAGE, GpuPrice, Job, JobState, Node, Quota
+from scheduling.models import (
+    MAX_PRICE,
+    MAX_PRICE_MESSAGE,
+    PRICE_MESSAGE,
+    GpuPrice,
+    Job,
+    JobState,
+    Node,
+    Quota,
+)
 from tests.factories import OrganizationFactory, ProjectFactory, UserFactory
 from tests.scheduling.conftest import H100_PRICE
 
@@ -195,9 +204,13 @@ def test_a_price_cannot_be_back_dated(staff: Client, fleet: dict[str, Any]) -> N
     assert GpuPrice.objects.get(pk=scheduled.pk).effective_from > timezone.now()
 
 
-@pytest.mark.parametrize("price", ["0", "-5"])
+@pytest.mark.parametrize(("price", "message"), [
+    ("0", PRICE_MESSAGE), ("-5", PRICE_MESSAGE),
+    # QA: 2^63 - 1 was accepted, and every large submission was then a 500 (cost past 64 bits).
+    (str(2**63 - 1), MAX_PRICE_MESSAGE), (str(MAX_PRICE + 1), MAX_PRICE_MESSAGE),
+])
 def test_a_price_that_is_not_positive_is_refused_by_the_field(staff: Client, fleet: dict[str, Any],
-                                                              price: str) -> None:
+                                                              price: str, message: str) -> None:
     """QA: the admin answered with the raw "Constraint “gpu_price_positive” is violated."."""
     h100 = fleet["h100"]
     when = timezone.now() + timedelta(days=1)
@@ -207,7 +220,7 @@ def test_a_price_that_is_not_positive_is_refused_by_the_field(staff: Client, fle
     response = staff.post(reverse("admin:scheduling_gpuprice_add"), form)
     assert response.status_code == 200  # the form again, nothing saved
     errors = response.context["adminform"].form.errors
-    assert errors == {"price_per_gpu_hour": [PRICE_MESSAGE]}
+    assert errors == {"price_per_gpu_hour": [message]}
     assert "Constraint" not in response.content.decode()
     # The same on the GPU type page's inline for new prices.
     inline = {"name": h100.name, "memory_gb": h100.memory_gb, "prices-TOTAL_FORMS": "1",
@@ -216,7 +229,7 @@ def test_a_price_that_is_not_positive_is_refused_by_the_field(staff: Client, fle
     page = staff.post(reverse("admin:scheduling_gputype_change", args=[h100.pk]), inline)
     assert page.status_code == 200
     formset = page.context["inline_admin_formsets"][0].formset
-    assert formset.errors == [{"price_per_gpu_hour": [PRICE_MESSAGE]}]
+    assert formset.errors == [{"price_per_gpu_hour": [message]}]
     assert GpuPrice.objects.filter(gpu_type=h100).count() == 1  # the fleet's price only
 
 
