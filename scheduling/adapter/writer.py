@@ -159,24 +159,30 @@ def _clear_of_windows(place: core.Place, usable: dict[int, tuple[Any, Any]], now
 
 def _place(
     loaded: Loaded, places: list[core.Place], applied: Applied, events: list[NewEvent],
-    preempting: list[core.Place],
+    preempts: list[core.Preempt], preempting: list[core.Place],
 ) -> set[int]:
     """Make the placements; first top up the holds of placements, and of preemptors (`preempting`:
     their runs as they would be placed), that cost more than the hold holds. Returns the
-    preemptors whose run is not funded (or which are no longer queued): their victims are not
-    signalled (review: a top-up refused at placement had stopped them for nothing)."""
-    if not places and not preempting:
+    preemptors whose run is not funded, or which are no longer queued (held or cancelled since
+    the snapshot): their victims are not signalled (review: a top-up refused at placement had
+    stopped them for nothing).
+
+    Every job this pass touches is locked first, in one query in id order: placed jobs,
+    preemptors and the victims' jobs (review: the victims' were locked after the top-ups' holds,
+    budgets and buckets, against the order their charging takes: job, attempt, hold, budgets)."""
+    preemptors = {d.for_job_id for d in preempts}
+    if not places and not preempts:
         return set()
-    # Lock the jobs (one query, id order) and keep only those still queued with a hold and not
-    # held by their user since the snapshot was read, on nodes still in service.
-    locked = {
-        job_id: count + 1
-        for job_id, count in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=[p.job_id for p in (*places, *preempting)], state=JobState.QUEUED,
-                current_hold__isnull=False, held=False)
+    rows = (
+        Job.objects.select_for_update(of=("self",))
+        .filter(pk__in={p.job_id for p in places} | preemptors | {d.job_id for d in preempts})
         .order_by("pk")
-        .values_list("id", "attempt_count")
-    }
+        .values_list("id", "attempt_count", "state", "held", "current_hold_id")
+    )
+    # Still queued with a hold and not held by their user since the snapshot was read.
+    locked = {job_id: count + 1 for job_id, count, state, held, hold_id in rows
+              if state == JobState.QUEUED and hold_id is not None and not held}
+    unfunded = preemptors - set(locked)
     usable = _nodes_in_service({n for p in places if p.job_id in locked for n, _ in p.allocations})
     numbers = {p.job_id: locked[p.job_id] for p in places
                if p.job_id in locked and all(n in usable for n, _ in p.allocations)
@@ -185,7 +191,7 @@ def _place(
     funded = top_up_dearer(
         loaded, [p for p in places if p.job_id in numbers] + [p for p in preempting if p.job_id in locked],
         events)
-    unfunded = {p.job_id for p in preempting} - {p.job_id for p in funded}
+    unfunded |= {p.job_id for p in preempting} - {p.job_id for p in funded}
     funded = [p for p in funded if p.job_id in numbers]
     if not funded:
         return unfunded
@@ -202,7 +208,6 @@ def _place(
         wait_detail="", expected_start_at=None, not_before=None, price_capped_until=None,
         updated_at=loaded.now,
     )
-    prices = loaded.snapshot.gpu_types
     cheaper: list[tuple[int, JobAttempt, PendingRow]] = []
     for place, attempt in done:
         row = loaded.pending[place.job_id]
@@ -216,10 +221,9 @@ def _place(
                   "gpus": [[n, list(idx)] for n, idx in place.allocations],
                   "rate": place.rate_micro_per_gpu_hour, "backfilled": place.backfilled},
         ))
-        # Only a type cheaper than the dearest accepted one can leave an excess on the hold.
-        accepted = row.gpu_types or tuple(prices)
-        dearest = max((prices[t].price_per_gpu_hour_micro for t in accepted if t in prices), default=0)
-        if place.rate_micro_per_gpu_hour < dearest:
+        # An excess only where the hold holds more than the run needs (a cheaper type, or a price
+        # that fell after a top-up: review), as the snapshot saw it; re-read under the hold's lock.
+        if row.hold_remaining > placed_cost(row, attempt.gpu_count, attempt.rate_per_gpu_hour):
             cheaper.append((place.job_id, attempt, row))
     applied.excess_released += _release_excess_many(cheaper)
     return unfunded
@@ -352,7 +356,8 @@ def apply_result(*, loaded: Loaded, result: core.Result) -> Applied:
     """Apply `result` inside the caller's transaction (which holds the leader lock)."""
     applied = Applied()
     events: list[NewEvent] = []
-    unfunded = _place(loaded, result.placements, applied, events, dearer_preemptors(loaded, result))
+    unfunded = _place(loaded, result.placements, applied, events, result.preemptions,
+                      dearer_preemptors(loaded, result))
     _preempt(loaded, [d for d in result.preemptions if d.for_job_id not in unfunded], applied, events)
     _skip(loaded, result, applied, events, leave=unfunded)
     applied.events = record_many(events)

@@ -84,6 +84,7 @@ def test_frames_that_are_not_json_text_are_ignored(world: World) -> None:
         await communicator.receive_json_from(timeout=5)  # the first snapshot
         await communicator.send_to(text_data="not json")
         await communicator.send_to(bytes_data=b"\x00\x01")
+        await communicator.send_to(text_data="[" * 100_000 + "]" * 100_000)  # past the parser's depth
         await communicator.send_json_to({"type": "refresh"})  # still served
         assert (await communicator.receive_json_from(timeout=5))["type"] == "snapshot"
         await communicator.disconnect()  # raises what the consumer raised

@@ -232,3 +232,49 @@ def test_a_preemption_for_a_dearer_run_tops_the_hold_up_first(
     urgent.refresh_from_db()
     assert urgent.wait_reason == "waiting-for-preemption"
     assert verify_ledger() == []
+
+
+def test_no_victim_is_stopped_for_a_preemptor_held_since_the_snapshot(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: only preemptors needing a top-up were re-read under lock; one its user held between
+    the snapshot and the write still had its victims stopped."""
+    from scheduling.services import tick
+
+    fund(tenant["org"], 100 * MICRO)
+    attempt, urgent, _hold = _production_behind_a_batch_job(fleet, tenant, make_job, make_attempt)
+    apply = tick.apply_result
+
+    def held_meanwhile(**kwargs: Any) -> Any:
+        Job.objects.filter(pk=urgent.pk).update(held=True)
+        return apply(**kwargs)
+
+    monkeypatch.setattr(tick, "apply_result", held_meanwhile)
+    row = run_scheduling_pass(trigger="test")
+    assert row is not None and row.preempted == 0
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING and attempt.stop_requested_at is None
+
+
+def test_a_hold_topped_up_for_a_preemption_gives_back_what_a_later_cut_in_price_leaves(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """Review: topped up at the higher price when its victim was signalled, the hold kept the
+    difference after the price came back down and the job was placed at the lower one."""
+    fund(tenant["org"], 100 * MICRO)
+    attempt, urgent, hold = _production_behind_a_batch_job(fleet, tenant, make_job, make_attempt)
+    _raise_h100(fleet)
+    assert run_scheduling_pass(trigger="test").preempted == 1  # type: ignore[union-attr]
+    GpuPrice.objects.create(gpu_type=fleet["h100"], price_per_gpu_hour=H100_PRICE,
+                            effective_from=db_now() - timedelta(milliseconds=500))
+    from scheduling.services.lifecycle import finish_attempt
+
+    finish_attempt(attempt=JobAttempt.objects.get(pk=attempt.pk), outcome="preempted")
+    run_scheduling_pass(trigger="test")
+    placed = JobAttempt.objects.get(job=urgent)
+    assert placed.rate_per_gpu_hour == H100_PRICE
+    hold.refresh_from_db()
+    assert hold.remaining == 8 * H100_PRICE  # the top-up given back
+    assert verify_ledger() == []
