@@ -53,6 +53,12 @@ def cost(gpu_ms: int, rate: int) -> int:
     return -(-gpu_ms * rate // MS_PER_HOUR)
 
 
+def held_gpu_ms(gpus: int, wall_seconds: int, window_seconds: int | None) -> int:
+    """The GPU-time a job's hold is for: its max wall, or the org's hold window when shorter."""
+    seconds = min(wall_seconds, window_seconds) if window_seconds else wall_seconds
+    return gpus * seconds * 1000
+
+
 def covered_rate(held: int, gpu_ms: int) -> int:
     """The highest rate (micro-credits per GPU-hour) at which `gpu_ms` costs at most `held`."""
     return held * MS_PER_HOUR // gpu_ms if gpu_ms > 0 else 0

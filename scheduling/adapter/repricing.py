@@ -27,6 +27,7 @@ from metering.cost import cost
 from scheduling import core
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
+from scheduling.pricing import held_gpu_ms
 from scheduling.services.lifecycle import funding_retry_at
 
 if TYPE_CHECKING:
@@ -37,10 +38,7 @@ log = logging.getLogger("scheduling.adapter")
 
 def placed_cost(row: PendingRow, gpus: int, rate: int) -> int:
     """Cost of the hold's window (max wall time, or the org's shorter hold window) at `rate`."""
-    seconds = row.max_wall_seconds
-    if row.hold_window_seconds:
-        seconds = min(seconds, row.hold_window_seconds)
-    return cost(gpus * seconds * 1000, rate)
+    return cost(held_gpu_ms(gpus, row.max_wall_seconds, row.hold_window_seconds), rate)
 
 
 def _gpus(place: core.Place) -> int:

@@ -43,7 +43,7 @@ from scheduling.models import (
     Quota,
     scheduling_state_at,
 )
-from scheduling.pricing import covered_rate
+from scheduling.pricing import covered_rate, held_gpu_ms
 from scheduling.services import dependencies
 
 LIVE = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
@@ -323,7 +323,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
         remaining = (authorized or 0) - (captured or 0) - (released or 0)
         max_price = None
         if capped_until is not None and capped_until > now:  # a top-up was refused: see repricing
-            max_price = covered_rate(remaining, gpus * (min(wall, window) if window else wall) * 1000)
+            max_price = covered_rate(remaining, held_gpu_ms(gpus, wall, window))
         jobs.append(
             core.PendingJob(
                 id=job_id,

@@ -263,14 +263,17 @@ class _Pass:
                 price = self.snap.gpu_types[t].price_per_gpu_hour_micro
                 decisions[i] = Place(job.id, t, ((node_id, idx),), True, reasons.BACKFILLED, price, walls[t])
                 del self.result.wait_reasons[job.id]
-                self.result.reservations = [r for r in self.result.reservations if r.job_id != job.id]
+                kept = [r for r in self.result.reservations if r.job_id != job.id]
+                held = len(kept) < len(self.result.reservations)
+                self.result.reservations = kept
                 self.quota.drop_claims(job.id)
                 self.quota.take(job, t, end)
-                self._release_named(job.id)
+                if held:  # only a job holding something is named by others' waits
+                    self._release_named(job.id, pending)
                 most = max(len(f) for f in free.values())
                 break
 
-    def _release_named(self, job_id: int) -> None:
+    def _release_named(self, job_id: int, pending: dict[int, PendingJob]) -> None:
         """Jobs told `reserved-for-job-N` for GPUs held for a job N the fill just placed wait for
         GPUs no longer promised to anyone: `resources` until the next pass offers them (fuzz: they
         named a placed job that held nothing)."""
@@ -278,7 +281,6 @@ class _Pass:
         detail = (f"no free gang now; what was held for job {job_id} is free again (it started on a "
                   "node before that node's maintenance window) and is offered next pass")
         decisions = self.result.decisions
-        pending = {j.id: j for j in self.snap.pending}
         for k, decision in enumerate(decisions):
             if not isinstance(decision, Skip) or decision.reason_code != code:
                 continue

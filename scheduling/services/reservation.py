@@ -52,13 +52,18 @@ def why_never_runs(snap: Catalog, types: list[str], gpu_count: int, regions: tup
     """Per type, why it can never run the job; None as soon as one type could."""
     why: dict[str, Never] = {}
     for name in types:
-        never = why_never_fits(snap.fleet, name, gpu_count, regions) or why_over_quota(
-            snap.quotas, org_id, project_id, name, gpu_count
-        )
+        never = _never_on(snap, name, gpu_count, regions, org_id, project_id)
         if never is None:
             return None
         why[name] = never
     return why
+
+
+def _never_on(snap: Catalog, name: str, gpu_count: int, regions: tuple[str, ...], org_id: int,
+              project_id: int) -> Never | None:
+    """Why type `name` can never run the gang (its fleet in the regions, then the quotas), or None."""
+    return why_never_fits(snap.fleet, name, gpu_count, regions) or why_over_quota(
+        snap.quotas, org_id, project_id, name, gpu_count)
 
 
 def runnable_types(snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...],
@@ -67,9 +72,7 @@ def runnable_types(snap: Catalog, types: list[str], gpu_count: int, regions: tup
     size against its quotas): the hold is priced at the dearest of these, not of types it can
     never use (QA: a job accepting H100 and T4 in a region with T4 nodes only held H100's price,
     4x too much until placed). All of `types` when none could (the submission is refused then)."""
-    usable = [name for name in types
-              if why_never_fits(snap.fleet, name, gpu_count, regions) is None
-              and why_over_quota(snap.quotas, org_id, project_id, name, gpu_count) is None]
+    usable = [name for name in types if _never_on(snap, name, gpu_count, regions, org_id, project_id) is None]
     return usable or types
 
 
