@@ -169,6 +169,25 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+class NodeForm(forms.ModelForm):
+    """A maintenance window set or moved here must still be to come or under way: one wholly in
+    the past holds nothing back and reads as a plan (QA). A window that has passed since it was
+    set does not stop the node's other fields being edited."""
+
+    class Meta:
+        model = Node
+        fields = ("name", "region", "gpu_type", "gpu_count", "nvlink_domain", "ib_group", "cordon",
+                  "maintenance_from", "maintenance_until")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        window = ("maintenance_from", "maintenance_until")
+        end = cleaned.get("maintenance_until")
+        if end is not None and any(f in self.changed_data for f in window) and end <= timezone.now():
+            self.add_error("maintenance_until", "This window has already ended: plan one that ends later.")
+        return cleaned
+
+
 @admin.register(Node)
 class NodeAdmin(ViewOnlyHistoryAdmin):
     """`state` is health (heartbeats and the silence sweep keep it; read-only here); an operator
@@ -180,6 +199,7 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
     search_fields = ("name", "ib_group", "nvlink_domain")
     readonly_fields = ("state", "last_heartbeat_at", "token_prefix", "agent_version", "registered_at")
     exclude = ("token_hash",)
+    form = NodeForm
     inlines = (AllocationInline,)
     actions = ("issue_token", "drain", "take_out_of_service", "return_to_service")
 

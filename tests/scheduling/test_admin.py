@@ -298,6 +298,8 @@ def test_an_operator_plans_a_maintenance_window_on_a_node(staff: Client, fleet: 
     assert refused.status_code == 200 and b"The window must end after it starts." in refused.content
     half = staff.post(url, {**form, **window(start, None)})
     assert half.status_code == 200 and b"needs both a start and an end" in half.content
+    past = staff.post(url, {**form, **window(start - timedelta(days=1), end - timedelta(days=1))})
+    assert past.status_code == 200 and b"This window has already ended" in past.content  # QA
     assert staff.post(url, {**form, **window(start, end)}).status_code == 302
     node.refresh_from_db()
     assert node.maintenance_from is not None and abs((node.maintenance_from - start).total_seconds()) < 1
@@ -306,6 +308,12 @@ def test_an_operator_plans_a_maintenance_window_on_a_node(staff: Client, fleet: 
     assert event.data["maintenance_until"]["to"].startswith(end.strftime("%Y-%m-%dT%H:%M:%S"))
     with pytest.raises(IntegrityError), transaction.atomic():  # and the database refuses half a window
         Node.objects.filter(pk=node.pk).update(maintenance_until=None)
+    # A window that has passed since it was planned does not stop an edit of the node's other fields.
+    old = (start - timedelta(days=1), end - timedelta(days=1))
+    Node.objects.filter(pk=node.pk).update(maintenance_from=old[0], maintenance_until=old[1])
+    edited = staff.post(url, {**form, **window(*old), "ib_group": "ib-other"})
+    assert edited.status_code == 302
+    assert Node.objects.get(pk=node.pk).ib_group == "ib-other"
 
 
 def test_a_price_added_on_the_gpu_type_page_is_audited(staff: Client, fleet: dict[str, Any]) -> None:
