@@ -9,6 +9,7 @@ reach this process, so pulling is what keeps the page live there.
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from django.conf import settings
 
 from portal import dashboard
 from portal.access import DashboardScope, dashboard_scope
+
+log = logging.getLogger(__name__)
 
 DASHBOARD_GROUP = "portal.dashboard"
 DASHBOARD_WS_PATH = "/ws/dashboard/"
@@ -111,10 +114,19 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await self._send_snapshot(event["snapshot"])
 
     async def _pull_loop(self, interval: float) -> None:
+        """A failed build (a database error, a restart) is logged and the next interval tries
+        again: the exception had ended the task without a word, and the page stopped updating
+        until it reconnected."""
         while True:
             await asyncio.sleep(interval)
-            if time.monotonic() - self._last_sent >= interval:
-                await self._send_snapshot(await _build_snapshot())
+            if time.monotonic() - self._last_sent < interval:
+                continue
+            try:
+                snapshot = await _build_snapshot()
+            except Exception:
+                log.exception("dashboard pull failed; the next one is in %s s", interval)
+                continue
+            await self._send_snapshot(snapshot)
 
     async def _send_snapshot(self, snapshot: dashboard.Snapshot) -> None:
         assert self.scope_filter is not None

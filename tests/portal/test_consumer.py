@@ -169,6 +169,35 @@ def test_consumer_pulls_when_no_push_arrives(world: World, settings: object) -> 
     async_to_sync(scenario)(world)
 
 
+def test_a_failed_pull_does_not_end_the_pulls(world: World, settings: object, monkeypatch: Any) -> None:
+    """A build that raises (here the first pull after connecting) is logged and retried: it had
+    ended the pull task silently, and the page stopped updating until it reconnected."""
+    from portal import dashboard
+
+    settings.PORTAL_DASHBOARD_PULL_SECONDS = 0.2
+    real, calls = dashboard.build_snapshot, []
+
+    def flaky() -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the database went away")
+        return real()
+
+    monkeypatch.setattr(dashboard, "build_snapshot", flaky)
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        second = await communicator.receive_json_from(timeout=20)
+        assert first["type"] == second["type"] == "snapshot"
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
+    assert len(calls) >= 3  # connect, the failed pull, the pull after it
+
+
 def test_pull_defaults_follow_the_channel_layer(settings: object) -> None:
     assert pull_interval_seconds() == 0.0  # channels_redis: the beat task pushes
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
