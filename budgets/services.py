@@ -6,8 +6,9 @@ ledger locks buckets. Decisions are made on the locked, re-read rows, so concurr
 can never push a hard budget past its limit.
 
 Semantics: a hold counts as `held` in the period current at reservation (an extension counts in
-the period current at extension); a capture moves that amount from held to spent in the same
-period; a release drops held. Soft budgets never reject: crossing one writes an audit alert.
+the period current at extension); a capture moves that amount from held to spent once per budget,
+in the latest period the hold counts in there; a release drops held (latest period first).
+Soft budgets never reject: crossing one writes an audit alert.
 A budget set in the middle of its period starts from its scope's activity so far
 (`_seed_current_period`), not from zero.
 """
@@ -235,27 +236,52 @@ def _locked_charges(hold: Hold) -> list[tuple[BudgetCharge, BudgetPeriod]]:
     return [(fresh[p.pk], p) for p in periods if p.pk in fresh] if charges else []
 
 
+def split_per_budget(
+    charges: Sequence[tuple[int, int, Any, int]], amount: int
+) -> list[tuple[int, int, bool]]:
+    """Where `amount` of one hold leaves `held`: [(charge index, moved, takes the spend)].
+
+    `charges` are the hold's (index, budget id, period start, held). The amount counts once per
+    budget: a hold extended into a later period has a charge in each period of the same budget,
+    and the amount is taken from them latest period first, never below zero; a capture's spend
+    goes to the latest one (review: every period of the budget counted it, so a capture after
+    an extension into a new month was spent twice in the budget)."""
+    by_budget: dict[int, list[tuple[int, Any, int]]] = defaultdict(list)
+    for index, budget_id, starts_at, held in charges:
+        by_budget[budget_id].append((index, starts_at, held))
+    out = []
+    for group in by_budget.values():
+        left = amount
+        for n, (index, _start, held) in enumerate(sorted(group, key=lambda c: c[1], reverse=True)):
+            moved = min(left, held)
+            left -= moved
+            out.append((index, moved, n == 0))
+    return out
+
+
+def _move_charges(hold: Hold, amount: int, *, spend: bool) -> None:
+    pairs = _locked_charges(hold)
+    rows = [(i, period.budget_id, period.starts_at, charge.held) for i, (charge, period) in enumerate(pairs)]
+    for index, moved, latest in split_per_budget(rows, amount):
+        spent = amount if spend and latest else 0
+        if moved or spent:
+            charge, period = pairs[index]
+            BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved, spent=F("spent") + spent)
+            BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved, spent=F("spent") + spent)
+
+
 @transaction.atomic
 def record_capture(*, hold: Hold, amount: int) -> None:
-    """Move `amount` of `hold` from held to spent in every period it counts in."""
-    if amount <= 0:
-        return
-    for charge, period in _locked_charges(hold):
-        moved = min(amount, charge.held)
-        BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved, spent=F("spent") + amount)
-        BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved, spent=F("spent") + amount)
+    """Move `amount` of `hold` from held to spent in every budget it counts in."""
+    if amount > 0:
+        _move_charges(hold, amount, spend=True)
 
 
 @transaction.atomic
 def record_release(*, hold: Hold, amount: int) -> None:
-    """Drop `amount` of `hold` from held in every period it counts in (never below zero)."""
-    if amount <= 0:
-        return
-    for charge, period in _locked_charges(hold):
-        moved = min(amount, charge.held)
-        if moved:
-            BudgetCharge.objects.filter(pk=charge.pk).update(held=F("held") - moved)
-            BudgetPeriod.objects.filter(pk=period.pk).update(held=F("held") - moved)
+    """Drop `amount` of `hold` from held in every budget it counts in (never below zero)."""
+    if amount > 0:
+        _move_charges(hold, amount, spend=False)
 
 
 @transaction.atomic(savepoint=False)
@@ -273,17 +299,23 @@ def record_release_many(*, items: Sequence[tuple[Hold, int]]) -> None:
     ))
     if not period_ids:
         return
-    _lock_periods_by_id(period_ids)
+    periods = {p.pk: p for p in _lock_periods_by_id(period_ids)}
     # Re-read the charges after the period locks: every writer of a charge holds its period.
-    charge_ids, charge_moves, period_moves = [], [], defaultdict(int)
+    by_hold: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for charge_id, hold_id, period_id, held in BudgetCharge.objects.filter(
         hold_id__in=list(amounts), period_id__in=period_ids
     ).order_by("pk").values_list("pk", "hold_id", "period_id", "held"):
-        moved = min(amounts[hold_id], held)
-        if moved:
-            charge_ids.append(charge_id)
-            charge_moves.append(moved)
-            period_moves[period_id] += moved
+        by_hold[hold_id].append((charge_id, period_id, held))
+    charge_ids, charge_moves, period_moves = [], [], defaultdict(int)
+    for hold_id, charges in by_hold.items():
+        rows = [(i, periods[p].budget_id, periods[p].starts_at, held)
+                for i, (_, p, held) in enumerate(charges)]
+        for index, moved, _latest in split_per_budget(rows, amounts[hold_id]):
+            if moved:
+                charge_id, period_id, _held = charges[index]
+                charge_ids.append(charge_id)
+                charge_moves.append(moved)
+                period_moves[period_id] += moved
     if not charge_ids:
         return
     if connection.vendor != "postgresql":

@@ -69,6 +69,39 @@ def test_record_release_many_matches_per_hold_releases() -> None:
         record_release_many(items=[(holds[0], 1), (holds[0], 2)])
 
 
+def test_a_hold_extended_into_a_new_period_counts_each_capture_once() -> None:
+    """Review: a hold reserved last month and extended this month has a charge in both periods of
+    the budget; every capture and release was counted in both (spent twice, held dropped twice)."""
+    from datetime import timedelta
+
+    from budgets.services import record_extension
+
+    tenant = make_tenant(funds=10_000)
+    budget, _ = set_budget(org=tenant.org, period="month", limit=5000, enforcement="hard")
+    hold = place_hold(org=tenant.org, amount=400, key="long", project=tenant.project, user=tenant.user)
+    reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=400)
+    # That reservation was made last month.
+    earlier = BudgetPeriod.objects.get(budget=budget)
+    earlier.starts_at, earlier.ends_at = earlier.starts_at - timedelta(days=40), earlier.starts_at
+    earlier.save()
+    record_extension(hold=hold, amount=100)  # this month
+    current = BudgetPeriod.objects.exclude(pk=earlier.pk).get(budget=budget)
+
+    def counts() -> tuple[tuple[int, int], tuple[int, int]]:
+        earlier.refresh_from_db()
+        current.refresh_from_db()
+        return (earlier.held, earlier.spent), (current.held, current.spent)
+
+    assert counts() == ((400, 0), (100, 0))
+    record_capture(hold=hold, amount=150)  # spent this month, once; held goes latest period first
+    assert counts() == ((350, 0), (0, 150))
+    record_release(hold=hold, amount=50)
+    assert counts() == ((300, 0), (0, 150))
+    record_release_many(items=[(hold, 300)])
+    assert counts() == ((0, 0), (0, 150))
+    assert sum(c.spent for c in BudgetCharge.objects.filter(hold=hold)) == 150
+
+
 def test_a_budget_set_mid_period_starts_from_what_its_scope_already_did() -> None:
     """QA (session 10): a month budget set on the 22nd counted nothing of the month so far, and
     holds placed before it counted only the part captured after it."""
