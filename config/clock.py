@@ -18,6 +18,18 @@ def db_now() -> datetime:
     return value
 
 
+def db_wall_clock() -> datetime:
+    """`clock_timestamp()`: the database's wall clock now, which moves on within a transaction
+    (`now()` is the transaction's start). For a decision made after a lock wait that must see
+    as past whatever committed before the lock was granted; wall clock on SQLite."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        (value,) = cursor.fetchone()
+    return value
+
+
 def aware_row(row: Sequence[Any]) -> tuple[Any, ...]:
     """A row read by plain SQL, its datetimes UTC-aware as the ORM gives them.
 

@@ -108,7 +108,7 @@ class LedgerTransaction(models.Model):
         Organization, on_delete=models.PROTECT, related_name="transactions", db_index=False
     )
     kind = models.CharField(max_length=16, choices=TransactionKind.choices)
-    # Natural idempotency key of the operation, e.g. "hold:<key>", "expire:<bucket>".
+    # Natural idempotency key of the operation, e.g. "hold:<key>", "expire:<bucket>:<expired before>".
     key = models.CharField(max_length=200)
     hold = models.ForeignKey(
         "Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="transactions"

@@ -31,8 +31,10 @@ def expire_due_buckets(*, limit: int = 500) -> int:
         txn = post_transaction(
             org_id=bucket.org_id,
             kind=TransactionKind.EXPIRE,
-            # A bucket's available part expires once; later releases expire inside `release`.
-            key=f"expire:{bucket.pk}",
+            # Keyed by what had expired before (read under the lock): later releases expire inside
+            # `release`, so a bucket's available part expires once; should credits ever be back
+            # in it, they expire too instead of failing the whole batch on a reused key (review).
+            key=f"expire:{bucket.pk}:{bucket.expired}",
             legs=[(AVAILABLE, bucket.pk, -amount), (Account.EXPIRY, None, amount)],
             now=now,
             params={"bucket": bucket.pk},

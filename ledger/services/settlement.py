@@ -19,7 +19,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import NewEvent, record_many
-from config.clock import db_now
+from config.clock import db_now, db_wall_clock
 from ledger.clock import ledger_time
 from ledger.errors import (
     CaptureExceedsHold,
@@ -76,15 +76,31 @@ def _plan_capture(m: Movement, lines: list[HoldLine], amount: int) -> None:
     m.hold_deltas["captured"] = m.hold_deltas.get("captured", 0) + amount
 
 
-def _plan_release(m: Movement, lines: list[HoldLine], amount: int, now: datetime) -> int:
-    """Plan giving back `amount`, latest-expiring first; returns how much went to expiry."""
+def _expiry_clock(lines: list[HoldLine], now: datetime) -> datetime:
+    """The instant a release decides "expired or not" by, its buckets locked: the transaction's
+    clock, or, when a bucket it gives back to ends after that, the database's wall clock read
+    now. Review: a release whose transaction began before a bucket's expiry (or close) but got
+    the bucket's lock after the expiry sweep (the close) had committed gave credits back to the
+    `available` of a bucket past its end, and every later sweep of it failed on its journal key.
+    Whatever committed before the locks were granted is in the past of this clock."""
+    if any(line.bucket.expires_at is not None and line.bucket.expires_at > now for line in lines):
+        return max(now, ledger_time(db_wall_clock()))
+    return now
+
+
+def _plan_release(
+    m: Movement, lines: list[HoldLine], amount: int, now: datetime, expiry_now: datetime | None = None
+) -> int:
+    """Plan giving back `amount`, latest-expiring first; returns how much went to expiry. The
+    lines' buckets are locked (and re-read); `expiry_now`: `_expiry_clock` of them, if known."""
     remaining = amount
     expired_total = 0
+    expiry_now = expiry_now or _expiry_clock(lines, now)
     for line in reversed(_in_spend_order(lines)):
         take = min(remaining, _left(line))
         if take == 0:
             break
-        if is_expired(line.bucket, now):
+        if is_expired(line.bucket, expiry_now):
             m.move(line.bucket_id, source="held", target="expired", amount=take)
             m.legs += [(HELD, line.bucket_id, -take), (Account.EXPIRY, None, take)]
             expired_total += take
@@ -273,13 +289,15 @@ def release_partial_many(
             raise CaptureExceedsHold(requested=amount, remaining=hold.remaining)
         todo.append((hold, amount, txn_key, params))
     lines_by_hold: dict[int, list[HoldLine]] = defaultdict(list)
-    for line in lock_open_lines_of([hold.pk for hold, _, _, _ in todo]):
+    all_lines = lock_open_lines_of([hold.pk for hold, _, _, _ in todo])
+    for line in all_lines:
         lines_by_hold[line.hold_id].append(line)
+    expiry_now = _expiry_clock(all_lines, now)  # one read of the wall clock for them all
     movements, expired = [], []
     for hold, amount, txn_key, params in todo:
         m = Movement(org_id=hold.org_id, kind=TransactionKind.RELEASE, key=txn_key, now=now,
                      params=params, hold=hold, memo=reason)
-        expired.append(_plan_release(m, lines_by_hold[hold.pk], amount, now))
+        expired.append(_plan_release(m, lines_by_hold[hold.pk], amount, now, expiry_now))
         movements.append(m)
     txns = write_movements(movements)
     actor_type, actor_id = actor_fields(actor)
