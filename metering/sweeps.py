@@ -15,11 +15,11 @@ from datetime import timedelta
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Sum
 
 from audit.services import record
 from config.clock import db_now
-from ledger.models import Hold, HoldState
+from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services import expire_due_buckets, release_hold
 from ledger.verification import verify_ledger
@@ -161,15 +161,24 @@ def _terminal_with_active_hold() -> list[str]:
 
 
 def _captured_mismatches(since_days: int | None) -> list[str]:
-    """Per settled attempt: captured == min(cost(billable usage) at its rate, what the hold held)."""
+    """Per settled attempt: captured == min(cost(billable usage) at its rate, what the hold held
+    when it settled): its authorization less what was released before the settlement (the excess
+    given back at placement, a reduction), which the final capture could not take (review: a run
+    that used more than its hold kept after such a release was reported as a mismatch)."""
     qs = JobAttempt.objects.filter(state=AttemptState.ENDED, hold__state=HoldState.SETTLED)
     if since_days is not None:
         qs = qs.filter(ended_at__gte=db_now() - timedelta(days=since_days))
     billable = dict(AttemptUsage.objects.filter(attempt__in=qs).values_list("attempt_id", "billable_gpu_ms"))
+    released_early = dict(
+        LedgerTransaction.objects.filter(
+            kind=TransactionKind.RELEASE, hold_id__in=qs.values("hold_id"), params__final=False
+        ).values("hold_id").annotate(total=Sum("amount")).values_list("hold_id", "total")
+    )
     problems = []
     rows = qs.values_list("pk", "rate_per_gpu_hour", "hold_id", "hold__captured", "hold__authorized")
     for attempt_id, rate, hold_id, captured, authorized in rows.iterator(chunk_size=2000):
-        expected = min(cost(billable.get(attempt_id, 0), rate), authorized)
+        held = authorized - released_early.get(hold_id, 0)
+        expected = min(cost(billable.get(attempt_id, 0), rate), held)
         if captured != expected:
             problems.append(
                 f"attempt {attempt_id}: hold {hold_id} captured {captured}, usage costs {expected}"

@@ -73,3 +73,28 @@ def test_reconciliation_flags_a_capture_that_disagrees_with_usage(
     assert cache.get(RECONCILIATION_CACHE_KEY)["counts"]["captured_mismatch"] == 1
     metrics = Client().get("/metrics").content.decode()
     assert 'gpubank_reconciliation_discrepancies{check="captured_mismatch"} 1.0' in metrics
+
+
+def test_reconciliation_counts_what_was_released_before_settlement(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """Review: a run that used more than its hold kept after an early release (the excess given
+    back at placement) was captured what the hold had left, and reconciliation compared that with
+    the whole authorization: a false mismatch."""
+    from ledger.services import release_partial
+    from metering.sweeps import reconcile
+    from scheduling.models import AttemptState
+
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=10 * MICRO)
+    release_partial(hold=a.hold, amount=4 * MICRO, key="placed-cheaper")
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 8_000_000)])  # costs 8 credits
+    hold = settle_attempt(attempt=a, outcome="completed")
+    assert (hold.captured, hold.released) == (6 * MICRO, 4 * MICRO)  # capped at what it held
+    JobAttempt.objects.filter(pk=a.pk).update(state=AttemptState.ENDED, ended_at=timezone.now())
+    assert reconcile().clean
+    # Captured less than the hold held at settlement: still flagged.
+    from ledger.models import Hold
+
+    Hold.objects.filter(pk=hold.pk).update(captured=5 * MICRO, released=5 * MICRO)
+    assert reconcile().counts()["captured_mismatch"] == 1
