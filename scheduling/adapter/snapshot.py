@@ -41,6 +41,8 @@ from scheduling.models import (
     Node,
     PriorityClass,
     Quota,
+    in_maintenance,
+    scheduling_state,
     scheduling_state_at,
 )
 from scheduling.pricing import covered_rate, held_gpu_ms
@@ -241,6 +243,10 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
             ib_group=ib,
             state=scheduling_state_at(state, cordon, now, start, end),
             available_until=epoch(start) if start is not None and now < start else None,
+            in_maintenance_until=(
+                epoch(end) if scheduling_state(state, cordon) == "ready" and in_maintenance(now, start, end)
+                else None
+            ),
         )
         for node_id, type_name, count, region, nvlink, ib, state, cordon, start, end in rows
     )

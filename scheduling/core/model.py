@@ -41,6 +41,9 @@ class Node:
     available_until: float | None = None
     """When its next maintenance window starts (Slurm's maintenance reservation), if one is set: a
     job may run on it only if it ends by then (by its max wall). None = no window ahead."""
+    in_maintenance_until: float | None = None
+    """When the maintenance window it is in ends, if that window is the only reason it takes no new
+    job (its `state` is then `draining`): named in "not ready now" notes. None = not in one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ class _Pass:
         self.queued_ahead: dict[str, float] = defaultdict(float)  # GPU-seconds waiting, per fastest type
         self._settled = False  # see nothing_can_start
         self._not_ready: dict[str, dict[str, int]] | None = None  # see _not_ready_note
+        self._maintenance_ends: dict[str, float] = {}  # gpu type -> earliest end of a window it is in
         self._unfit: dict[tuple[tuple[str, ...], int, int], str] = {}  # see _unfit_note
         self._group_totals: dict[str, int] | None = None  # largest ready IB group per type
         self._idle: FleetState | None = None  # see ever_fits
@@ -507,7 +508,12 @@ class _Pass:
         if self._not_ready is None:
             self._not_ready = defaultdict(lambda: defaultdict(int))
             for node in self.snap.nodes:
-                if node.state != "ready":
+                back = node.in_maintenance_until
+                if node.state != "ready" and back is not None:
+                    self._not_ready[node.gpu_type]["in-maintenance"] += 1
+                    ends = self._maintenance_ends
+                    ends[node.gpu_type] = min(back, ends.get(node.gpu_type, back))
+                elif node.state != "ready":
                     self._not_ready[node.gpu_type][node.state] += 1
                 elif node.id in self.limited:
                     self._not_ready[node.gpu_type]["due-for-maintenance"] += 1
@@ -524,7 +530,10 @@ class _Pass:
         if not counts:
             return ""
         listed = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        return f" (not ready now: {listed} node{'s' if sum(counts.values()) > 1 else ''} of its types)"
+        ends = [self._maintenance_ends[t] for t in types if t in self._maintenance_ends]
+        # QA: a job waiting only for a window to end was not told when that is.
+        back = f"; the first maintenance ends {reasons.utc_time(min(ends))}" if ends else ""
+        return f" (not ready now: {listed} node{'s' if sum(counts.values()) > 1 else ''} of its types{back})"
 
     def _exempt_note(self, job: PendingJob, types: list[str]) -> str:
         """For a job that may preempt but found no victims: when the first lower-class job on its

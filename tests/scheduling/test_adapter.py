@@ -400,6 +400,11 @@ def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
     assert waiting.state == JobState.QUEUED and waiting.wait_reason == "resources"
 
     # Inside the window the node takes nothing new, as if drained; after it, it is a node again.
-    assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].state == "draining"
+    inside = load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0]
+    assert inside.state == "draining"
+    assert inside.in_maintenance_until == pytest.approx((now + timedelta(hours=5)).timestamp(), abs=1e-3)
     after = load_snapshot(now=now + timedelta(hours=6)).snapshot.nodes[0]
-    assert (after.state, after.available_until) == ("ready", None)
+    assert (after.state, after.available_until, after.in_maintenance_until) == ("ready", None, None)
+    # Drained by an operator as well: the window's end is no promise of its return.
+    Node.objects.filter(pk=node.pk).update(cordon="drain")
+    assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].in_maintenance_until is None

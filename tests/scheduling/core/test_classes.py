@@ -41,6 +41,20 @@ def test_a_job_that_fits_only_on_nodes_not_ready_says_so() -> None:
     )
 
 
+def test_a_job_waiting_for_a_maintenance_window_to_end_is_told_when_it_ends() -> None:
+    """QA: a job that fits only nodes in their maintenance window was told they were "draining",
+    with no word of when the window ends."""
+    nodes = [node(1, gpus=4), node(2, state="draining", in_maintenance_until=7200.5),
+             node(3, state="draining", in_maintenance_until=9000.0), node(4, state="down"),
+             node(5, "A100", state="draining", in_maintenance_until=3600.0)]  # not a type it takes
+    res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))]))
+    (skip,) = res.skips
+    assert skip.detail == (
+        "does not fit the ready fleet even when idle (not ready now: 1 down, 2 in-maintenance nodes "
+        "of its types; the first maintenance ends 1970-01-01T02:00:01Z)"
+    )
+
+
 def test_a_job_blocked_behind_a_reservation_still_names_the_nodes_not_ready() -> None:
     """QA: with another job holding the pass's reservation, the H100 job said only "no free gang"."""
     nodes = [node(1, "T4", gpus=4), node(2, state="draining"), node(3, state="down"), node(4, gpus=2)]
