@@ -7,7 +7,7 @@ can never push a hard budget past its limit.
 
 Semantics: a hold counts as `held` in the period current at reservation (an extension counts in
 the period current at extension); a capture moves that amount from held to spent once per budget,
-in the latest period the hold counts in there; a release drops held (latest period first).
+in the period the hold was last counted in there; a release drops held (that period first).
 Soft budgets never reject: crossing one writes an audit alert.
 A budget set in the middle of its period starts from its scope's activity so far
 (`_seed_current_period`), not from zero.
@@ -237,22 +237,23 @@ def _locked_charges(hold: Hold) -> list[tuple[BudgetCharge, BudgetPeriod]]:
 
 
 def split_per_budget(
-    charges: Sequence[tuple[int, int, Any, int]], amount: int
+    charges: Sequence[tuple[int, int, int, int]], amount: int
 ) -> list[tuple[int, int, bool]]:
     """Where `amount` of one hold leaves `held`: [(charge index, moved, takes the spend)].
 
-    `charges` are the hold's (index, budget id, period start, held). The amount counts once per
+    `charges` are the hold's (index, budget id, charge id, held). The amount counts once per
     budget: a hold extended into a later period has a charge in each period of the same budget,
-    and the amount is taken from them latest period first, never below zero; a capture's spend
-    goes to the latest one (review: every period of the budget counted it, so a capture after
-    an extension into a new month was spent twice in the budget)."""
-    by_budget: dict[int, list[tuple[int, Any, int]]] = defaultdict(list)
-    for index, budget_id, starts_at, held in charges:
-        by_budget[budget_id].append((index, starts_at, held))
+    and the amount is taken from them newest charge first (the period it was last counted in:
+    an extension's, or the one a redefinition seeded), never below zero; a capture's spend goes
+    to the newest (review: every period of the budget counted it, so a capture after an
+    extension into a new month was spent twice in the budget)."""
+    by_budget: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for index, budget_id, charge_id, held in charges:
+        by_budget[budget_id].append((index, charge_id, held))
     out = []
     for group in by_budget.values():
         left = amount
-        for n, (index, _start, held) in enumerate(sorted(group, key=lambda c: c[1], reverse=True)):
+        for n, (index, _charge, held) in enumerate(sorted(group, key=lambda c: c[1], reverse=True)):
             moved = min(left, held)
             left -= moved
             out.append((index, moved, n == 0))
@@ -261,7 +262,7 @@ def split_per_budget(
 
 def _move_charges(hold: Hold, amount: int, *, spend: bool) -> None:
     pairs = _locked_charges(hold)
-    rows = [(i, period.budget_id, period.starts_at, charge.held) for i, (charge, period) in enumerate(pairs)]
+    rows = [(i, period.budget_id, charge.pk, charge.held) for i, (charge, period) in enumerate(pairs)]
     for index, moved, latest in split_per_budget(rows, amount):
         spent = amount if spend and latest else 0
         if moved or spent:
@@ -308,8 +309,7 @@ def record_release_many(*, items: Sequence[tuple[Hold, int]]) -> None:
         by_hold[hold_id].append((charge_id, period_id, held))
     charge_ids, charge_moves, period_moves = [], [], defaultdict(int)
     for hold_id, charges in by_hold.items():
-        rows = [(i, periods[p].budget_id, periods[p].starts_at, held)
-                for i, (_, p, held) in enumerate(charges)]
+        rows = [(i, periods[p].budget_id, charge_id, held) for i, (charge_id, p, held) in enumerate(charges)]
         for index, moved, _latest in split_per_budget(rows, amounts[hold_id]):
             if moved:
                 charge_id, period_id, _held = charges[index]
@@ -456,4 +456,25 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
     BudgetCharge.objects.bulk_create(held)
     period.held, period.spent = sum(c.held for c in held), spent
     BudgetPeriod.objects.filter(pk=period.pk).update(held=period.held, spent=period.spent)
+    _move_from_other_periods(budget, period, [c.hold_id for c in held])
     return period
+
+
+def _move_from_other_periods(budget: Budget, current: BudgetPeriod, hold_ids: list[int]) -> None:
+    """The seeding counts each active hold's whole remaining amount in the current period: its
+    charges in the budget's other periods (an earlier definition's window) give theirs up, so a
+    hold's charges in one budget always add up to what it holds (review: a copy there took a
+    later capture first, and the current period kept the hold's amount as held for ever). The
+    holds are locked, so nothing else moves these charges meanwhile."""
+    stale = BudgetCharge.objects.filter(period__budget=budget, hold_id__in=hold_ids, held__gt=0).exclude(
+        period=current
+    )
+    by_period: dict[int, int] = defaultdict(int)
+    for period_id, amount in stale.values_list("period_id", "held"):
+        by_period[period_id] += amount
+    if not by_period:
+        return
+    _lock_periods_by_id(sorted(by_period))
+    stale.update(held=0)
+    for period_id, amount in by_period.items():
+        BudgetPeriod.objects.filter(pk=period_id).update(held=F("held") - amount)

@@ -200,3 +200,36 @@ def test_setting_a_budget_is_audited_with_its_limit_and_what_it_replaced() -> No
     assert (second.data["limit"], second.data["period"], second.data["enforcement"]) == (500, "month", "soft")
     assert second.data["before"] == {"limit": 20, "period": "window", "enforcement": "hard",
                                      "window_start": start.isoformat(), "window_end": end.isoformat()}
+
+
+@pytest.mark.parametrize("move", ["capture", "release", "release_many"])
+def test_a_redefined_budget_moves_an_active_holds_count_to_the_current_period(move: str) -> None:
+    """Review: widening a window budget (an earlier start) seeded the active hold's charge in the
+    new current period and left its old one: a later capture or release took the old charge
+    first (latest period by start), and the current period kept the hold's 400 held for ever."""
+    from datetime import timedelta
+
+    from config.clock import db_now
+
+    tenant = make_tenant(funds=10_000)
+    now = db_now()
+    budget, _ = set_budget(org=tenant.org, period="window", window_start=now - timedelta(days=5),
+                           window_end=now + timedelta(days=5), limit=1000, enforcement="hard")
+    hold = place_hold(org=tenant.org, amount=400, key="h", project=tenant.project, user=tenant.user)
+    reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=400)
+    set_budget(org=tenant.org, period="window", window_start=now - timedelta(days=10),
+               window_end=now + timedelta(days=10), limit=1000, enforcement="hard")
+    old = BudgetPeriod.objects.get(budget=budget, starts_at=now - timedelta(days=5))
+    current = BudgetPeriod.objects.get(budget=budget, starts_at=now - timedelta(days=10))
+    assert (current.held, current.spent, old.held) == (400, 0, 0)  # moved, not copied
+    if move == "capture":
+        record_capture(hold=hold, amount=400)
+    elif move == "release":
+        record_release(hold=hold, amount=400)
+    else:
+        record_release_many(items=[(hold, 400)])
+    current.refresh_from_db()
+    old.refresh_from_db()
+    assert (current.held, current.spent) == ((0, 400) if move == "capture" else (0, 0))
+    assert (old.held, old.spent) == (0, 0)
+    assert sum(BudgetCharge.objects.filter(hold=hold).values_list("held", flat=True)) == 0
