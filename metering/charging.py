@@ -7,7 +7,7 @@ look-ahead window, the hold is extended by one window (DESIGN.md §4: renewed wi
 back up to the look-ahead if a window is less, if funds and budgets allow; when they do not allow
 a whole window, by the least that covers the look-ahead; otherwise the attempt is stopped
 gracefully with reason `out_of_credit` and settled when it exits (or by the node sweep if it never
-reports).
+reports), unless its hold already pays for its whole max wall time (`covers_whole_run`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,16 @@ def max_cost(attempt: JobAttempt, job: Job) -> int:
     """The most the attempt can ever bill: the billable cap at its max wall time."""
     slack = conf.seconds("METERING_CAP_SLACK_MS_PER_GPU") * attempt.gpu_count
     return cost(_window_ms(attempt, job.max_wall_seconds) + slack, attempt.rate_per_gpu_hour)
+
+
+def covers_whole_run(attempt: JobAttempt, job: Job, hold: Hold) -> bool:
+    """Whether the hold (what it captured and still holds) pays for the run's whole max wall time
+    on its GPUs at its rate: the agent stops the run there, so an extension refused then was only
+    for the metering tolerance beyond it (`max_cost`), and the run is not stopped for it. QA: a
+    job whose hold covered its run (a short one, or one in its last minutes) was stopped
+    `out_of_credit` when its org had nothing spare, funds or budget."""
+    run = cost(job.max_wall_seconds * 1000 * attempt.gpu_count, attempt.rate_per_gpu_hour)
+    return hold.captured + hold.remaining >= run
 
 
 def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) -> int:
@@ -161,7 +171,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     if not refusal:
         actions.append(Action.EXTENDED)
         return ChargeResult(captured=captured, extended=amount, actions=tuple(actions))
-    if hold.remaining >= lookahead:
+    if hold.remaining >= lookahead or covers_whole_run(attempt, job, hold):
         return ChargeResult(captured=captured, actions=tuple(actions))  # try again next run
     request_stop(
         attempt=attempt, reason="out_of_credit", grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S")

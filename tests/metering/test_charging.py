@@ -68,6 +68,32 @@ def test_unfundable_window_stops_the_attempt_out_of_credit(
     assert stop == [{"attempt_id": attempt.pk, "reason": "out_of_credit", "grace_seconds": 30}]
 
 
+def test_a_hold_that_pays_for_the_whole_run_is_never_stopped_for_the_metering_slack(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """QA: a job whose hold covered its whole max wall time was stopped `out_of_credit` in its last
+    minutes when the org had nothing left: the refused extension was only the metering tolerance
+    beyond the run (1 % and 5 s per GPU), which the agent's wall-time stop never lets it use."""
+    funded(2 * 300 * 1000)  # exactly the hold: 2 GPUs x 300 s, nothing spare
+    mark_node_alive(world.node)
+    submit(gpus=2, max_wall_seconds=300)
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, 300)
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    assert hold.authorized == 2 * 300 * 1000
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 2 * 200 * 1000)])
+    result = charge_progress(attempt=attempt)  # 200 s in: less than the look-ahead left
+    assert result.actions == (Action.CAPTURED,)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING and attempt.stop_reason == ""
+    # A hold one micro-credit short of the run is still stopped when it cannot be extended.
+    from ledger.services import release_partial
+
+    release_partial(hold=hold, amount=1, key="short")
+    assert charge_progress(attempt=attempt).actions == (Action.STOPPED,)
+
+
 def test_a_remainder_less_than_a_window_funds_the_look_ahead_until_it_cannot(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
