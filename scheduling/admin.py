@@ -55,7 +55,23 @@ class GpuPriceForm(forms.ModelForm):
             raise forms.ValidationError(
                 "A price takes effect now or later: prices are history (add a new one instead)."
             )
+        self.takes_effect_now = value <= now
         return max(value, now)
+
+
+class GpuPriceFormSet(forms.BaseInlineFormSet):
+    """At most one new price of a type may take effect now: two typed "now" were both clamped to
+    the instant of their own form's check, microseconds apart, and the first was "in effect" for
+    about a millisecond in the price history (QA). The same typed later time twice is refused by
+    the (type, effective_from) uniqueness."""
+
+    def clean(self) -> None:
+        super().clean()
+        now_rows = [f for f in self.forms if f.has_changed() and getattr(f, "takes_effect_now", False)]
+        if len(now_rows) > 1:
+            raise forms.ValidationError(
+                "Only one new price can take effect now: give the others later times (or add one at a time)."
+            )
 
 
 class GpuPriceInline(admin.TabularInline):
@@ -64,6 +80,7 @@ class GpuPriceInline(admin.TabularInline):
 
     model = GpuPrice
     form = GpuPriceForm
+    formset = GpuPriceFormSet
     extra = 1
     ordering = ("-effective_from",)
     fields = ("price_per_gpu_hour", "effective_from")

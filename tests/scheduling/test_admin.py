@@ -342,6 +342,37 @@ def test_a_price_added_on_the_gpu_type_page_is_audited(staff: Client, fleet: dic
     assert event.data["fields"]["price_per_gpu_hour"] == "7000000" and event.actor_id
 
 
+def test_two_prices_typed_now_on_the_gpu_type_page_are_refused(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: both were clamped to "now" microseconds apart, the first "in effect" for a millisecond."""
+    h100 = fleet["h100"]
+    url = reverse("admin:scheduling_gputype_change", args=[h100.pk])
+    prefix = staff.get(url).context["inline_admin_formsets"][0].formset.prefix
+    existing = list(GpuPrice.objects.filter(gpu_type=h100).order_by("-effective_from"))
+    body: dict[str, Any] = {
+        "name": "H100", "memory_gb": 80, f"{prefix}-TOTAL_FORMS": len(existing) + 2,
+        f"{prefix}-INITIAL_FORMS": len(existing), f"{prefix}-MIN_NUM_FORMS": 0,
+        f"{prefix}-MAX_NUM_FORMS": 1000,
+    }
+    for i, price in enumerate(existing):
+        body[f"{prefix}-{i}-id"] = price.pk
+        body[f"{prefix}-{i}-gpu_type"] = h100.pk
+    now = timezone.now()
+    for i, amount in ((len(existing), 900_000), (len(existing) + 1, 950_000)):
+        body.update({f"{prefix}-{i}-price_per_gpu_hour": amount,
+                     f"{prefix}-{i}-effective_from_0": now.strftime("%Y-%m-%d"),
+                     f"{prefix}-{i}-effective_from_1": now.strftime("%H:%M:%S"),
+                     f"{prefix}-{i}-gpu_type": h100.pk})
+    refused = staff.post(url, body)
+    assert refused.status_code == 200 and b"Only one new price can take effect now" in refused.content
+    assert GpuPrice.objects.filter(gpu_type=h100).count() == len(existing)
+    # One of them now and the other later: both saved.
+    later = now + timedelta(hours=1)
+    body[f"{prefix}-{len(existing) + 1}-effective_from_1"] = later.strftime("%H:%M:%S")
+    body[f"{prefix}-{len(existing) + 1}-effective_from_0"] = later.strftime("%Y-%m-%d")
+    assert staff.post(url, body).status_code == 302
+    assert GpuPrice.objects.filter(gpu_type=h100).count() == len(existing) + 2
+
+
 def test_a_registered_nodes_gpu_count_is_its_agents(staff: Client, fleet: dict[str, Any]) -> None:
     """QA: 12 GPUs typed on an 8-GPU node let the scheduler allocate indices 8-11; the agent refused
     them and the jobs failed. Once registered, the count is the agent's inventory."""
