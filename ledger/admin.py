@@ -97,7 +97,8 @@ def _utc(when: datetime) -> str:
 def _void_message(bucket_id: int, txn: Any, *, close: bool) -> str:
     bucket = Bucket.objects.get(pk=bucket_id)
     now = ledger_now()
-    done = f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn else f"Bucket {bucket_id}"
+    done = (f"Voided {txn.amount} micro-credits of bucket {bucket_id}" if txn
+            else f"Nothing was available to void in bucket {bucket_id}")  # QA: read "Bucket 10; closed."
     not_closed = "not closed: " if close else ""
     # Ended before this void (a bucket closed now has expires_at = now too).
     expired = bucket.closed_at is None and bucket.expires_at is not None and bucket.expires_at <= now

@@ -274,7 +274,8 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
             set_cordon(node=node, cordon=cordon, actor=request.user)
             names.append(node.name)
         label = NodeCordon(cordon).label
-        messages.success(request, f"{', '.join(names)}: {label}.")
+        # The admin capitalises a message's first letter: a node's name must not come first (QA).
+        messages.success(request, f"{'Nodes' if len(names) > 1 else 'Node'} {', '.join(names)}: {label}.")
 
     @admin.action(description="Drain: no new jobs, running ones finish")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:

@@ -113,6 +113,11 @@ def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
         f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk}; closed: the {3 * MICRO} micro-credits "
         "still held by jobs (running or queued) may still be spent by them; what they give back will expire."
     ]
+    # Again, with nothing left to void: said so (QA: it read "Bucket 10; closed.").
+    again = finance_client.post(url, form, follow=True)
+    assert next(str(m) for m in again.context["messages"]).startswith(
+        f"Nothing was available to void in bucket {bucket.pk}; closed"
+    )
 
 
 def test_voiding_and_closing_a_bucket_not_yet_in_effect_says_why_it_was_not_closed(finance_client) -> None:

@@ -164,9 +164,11 @@ def test_the_admin_edits_the_cordon_not_the_health(
     assert Node.objects.get(pk=node.pk).cordon == NodeCordon.DOWN
     assert AuditEvent.objects.filter(action="sched.node.cordon", subject_id=str(node.pk)).count() == 1
     assert JobAttempt.objects.get(pk=attempt.pk).stop_reason == "evicted"
-    client.post(reverse("admin:scheduling_node_changelist"),
-                {"action": "return_to_service", "_selected_action": [node.pk]})
+    back = client.post(reverse("admin:scheduling_node_changelist"),
+                       {"action": "return_to_service", "_selected_action": [node.pk]}, follow=True)
     assert Node.objects.get(pk=node.pk).cordon == NodeCordon.NONE
+    # The admin capitalises a message's first letter: it starts with a word, not the node's name (QA).
+    assert f"Node {node.name}: in service." in back.content.decode()
 
 
 def test_nodes_that_were_draining_keep_the_drain(fleet: dict[str, Any]) -> None:
