@@ -41,7 +41,6 @@ from scheduling.models import (
     Node,
     PriorityClass,
     Quota,
-    in_maintenance,
     scheduling_state,
     scheduling_state_at,
 )
@@ -243,8 +242,8 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
             ib_group=ib,
             state=scheduling_state_at(state, cordon, now, start, end),
             available_until=epoch(start) if start is not None and now < start else None,
-            in_maintenance_until=(
-                epoch(end) if scheduling_state(state, cordon) == "ready" and in_maintenance(now, start, end)
+            maintenance_ends=(
+                epoch(end) if end is not None and now < end and scheduling_state(state, cordon) == "ready"
                 else None
             ),
         )

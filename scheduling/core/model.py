@@ -41,9 +41,10 @@ class Node:
     available_until: float | None = None
     """When its next maintenance window starts (Slurm's maintenance reservation), if one is set: a
     job may run on it only if it ends by then (by its max wall). None = no window ahead."""
-    in_maintenance_until: float | None = None
-    """When the maintenance window it is in ends, if that window is the only reason it takes no new
-    job (its `state` is then `draining`): named in "not ready now" notes. None = not in one."""
+    maintenance_ends: float | None = None
+    """When its maintenance window (the one it is in, its `state` then `draining`, or the next one)
+    ends, unless an operator's cordon or its health keeps it out anyway: named in "not ready now"
+    notes. None = no window."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -508,15 +508,16 @@ class _Pass:
         if self._not_ready is None:
             self._not_ready = defaultdict(lambda: defaultdict(int))
             for node in self.snap.nodes:
-                back = node.in_maintenance_until
-                if node.state != "ready" and back is not None:
-                    self._not_ready[node.gpu_type]["in-maintenance"] += 1
-                    ends = self._maintenance_ends
-                    ends[node.gpu_type] = min(back, ends.get(node.gpu_type, back))
-                elif node.state != "ready":
-                    self._not_ready[node.gpu_type][node.state] += 1
+                if node.state != "ready":
+                    kind = "in-maintenance" if node.maintenance_ends is not None else node.state
                 elif node.id in self.limited:
-                    self._not_ready[node.gpu_type]["due-for-maintenance"] += 1
+                    kind = "due-for-maintenance"
+                else:
+                    continue
+                self._not_ready[node.gpu_type][kind] += 1
+                if node.maintenance_ends is not None:
+                    ends = self._maintenance_ends
+                    ends[node.gpu_type] = min(node.maintenance_ends, ends.get(node.gpu_type, float("inf")))
         return self._not_ready
 
     def _not_ready_note(self, types: list[str]) -> str:

@@ -393,6 +393,7 @@ def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
     (pending_node,) = load_snapshot(now=now).snapshot.nodes
     assert pending_node.state == "ready" and pending_node.available_until == pytest.approx(
         (now + timedelta(hours=2)).timestamp(), abs=1e-3)
+    assert pending_node.maintenance_ends == pytest.approx((now + timedelta(hours=5)).timestamp(), abs=1e-3)
 
     run_scheduling_pass(trigger="test")
     assert Job.objects.get(pk=short.pk).state == JobState.SCHEDULED
@@ -402,9 +403,9 @@ def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
     # Inside the window the node takes nothing new, as if drained; after it, it is a node again.
     inside = load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0]
     assert inside.state == "draining"
-    assert inside.in_maintenance_until == pytest.approx((now + timedelta(hours=5)).timestamp(), abs=1e-3)
+    assert inside.maintenance_ends == pytest.approx((now + timedelta(hours=5)).timestamp(), abs=1e-3)
     after = load_snapshot(now=now + timedelta(hours=6)).snapshot.nodes[0]
-    assert (after.state, after.available_until, after.in_maintenance_until) == ("ready", None, None)
+    assert (after.state, after.available_until, after.maintenance_ends) == ("ready", None, None)
     # Drained by an operator as well: the window's end is no promise of its return.
     Node.objects.filter(pk=node.pk).update(cordon="drain")
-    assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].in_maintenance_until is None
+    assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].maintenance_ends is None

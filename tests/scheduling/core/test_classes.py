@@ -44,9 +44,9 @@ def test_a_job_that_fits_only_on_nodes_not_ready_says_so() -> None:
 def test_a_job_waiting_for_a_maintenance_window_to_end_is_told_when_it_ends() -> None:
     """QA: a job that fits only nodes in their maintenance window was told they were "draining",
     with no word of when the window ends."""
-    nodes = [node(1, gpus=4), node(2, state="draining", in_maintenance_until=7200.5),
-             node(3, state="draining", in_maintenance_until=9000.0), node(4, state="down"),
-             node(5, "A100", state="draining", in_maintenance_until=3600.0)]  # not a type it takes
+    nodes = [node(1, gpus=4), node(2, state="draining", maintenance_ends=7200.5),
+             node(3, state="draining", maintenance_ends=9000.0), node(4, state="down"),
+             node(5, "A100", state="draining", maintenance_ends=3600.0)]  # not a type it takes
     res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))]))
     (skip,) = res.skips
     assert skip.detail == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from scheduling.core import Quotas, schedule
 from scheduling.core import reasons as R
+from scheduling.core.reasons import utc_time
 from tests.scheduling.core.helpers import job, node, running, snap
 
 NOW = 10_000.0
@@ -148,13 +149,14 @@ def test_jobs_told_to_wait_for_a_job_placed_before_a_window_wait_for_resources()
 def test_a_job_longer_than_the_time_before_a_window_is_told_about_the_window() -> None:
     """QA: the only A100 node, ready, its window in 4 minutes; a 20-minute job was told it does
     not fit the ready fleet even when idle, with no word of the window."""
-    nodes = [node(1, "A100", 4, available_until=NOW + 240)]
+    nodes = [node(1, "A100", 4, available_until=NOW + 240, maintenance_ends=NOW + 3600)]
     pending = [job(90, wall=1200.0, gpu_types=("A100",), submitted=1.0),
                job(92, wall=120.0, gpu_types=("A100",), submitted=2.0)]
     res = schedule(snap(nodes, pending, now=NOW))
     assert [p.job_id for p in res.placements] == [92]  # ends before the window: filled in
     [skip] = res.skips
     assert skip.job_id == 90 and "1 due-for-maintenance node of its types" in skip.detail
+    assert skip.detail.endswith(f"; the first maintenance ends {utc_time(NOW + 3600)})")  # QA: and when
 
 
 def test_a_job_behind_quota_room_promised_to_a_job_placed_before_a_window_waits_for_its_quota() -> None:
