@@ -4,11 +4,11 @@ Production never sets the offset. Tests use `shifted(delta)` to run expiry, hold
 "as of" a later instant without sleeping; every ledger decision reads the time from here.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from config.clock import db_now
+from config.clock import db_now, db_wall_clock
 
 _offset = timedelta(0)
 
@@ -38,3 +38,14 @@ def ledger_time(db_value: datetime) -> datetime:
 def clock_offset() -> timedelta:
     """The test offset (zero in production), for SQL that computes `now() + offset` itself."""
     return _offset
+
+
+def expiry_clock(expiries: Iterable[datetime | None], now: datetime) -> datetime:
+    """The instant to judge "expired" by for buckets locked (and re-read) in this transaction,
+    given their `expires_at` and the transaction's ledger `now` (ADR 0012): `now`, or, when one of
+    them ends after it, the database's wall clock read now. Whatever committed before the locks
+    were granted (an expiry sweep, a close) is then in the past, and a bucket that expired while
+    this transaction waited for it counts as expired."""
+    if any(end is not None and end > now for end in expiries):
+        return max(now, ledger_time(db_wall_clock()))
+    return now

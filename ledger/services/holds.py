@@ -12,7 +12,7 @@ from django.db.models import Q
 
 from accounts.models import Organization, Project
 from audit.services import Reserved
-from ledger.clock import clock_offset, ledger_now, ledger_time
+from ledger.clock import clock_offset, expiry_clock, ledger_now, ledger_time
 from ledger.errors import HoldNotActive, IdempotencyConflict, InsufficientCredits
 from ledger.locks import lock_bucket_queryset, lock_eligible_buckets_sql, lock_hold_with_clock
 from ledger.models import Bucket, Hold, HoldState, LedgerTransaction, TransactionKind
@@ -85,7 +85,11 @@ def lock_eligible_buckets(
         params.append(json.dumps(gpu_types))
     else:
         where.append("b.gpu_types = '[]'::jsonb")
-    return lock_eligible_buckets_sql(" AND ".join(where), params)
+    locked = lock_eligible_buckets_sql(" AND ".join(where), params)
+    # Unexpired by the database's wall clock once locked (ADR 0012): a placement that began before
+    # a bucket's expiry and waited for its lock past it drew on the expired bucket (review).
+    wall = expiry_clock((b.expires_at for b in locked), now)
+    return [b for b in locked if b.expires_at is None or b.expires_at > wall]
 
 
 def _allocate(buckets: list[Bucket], amount: int) -> list[tuple[Bucket, int]]:

@@ -19,8 +19,8 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import NewEvent, record_many
-from config.clock import db_now, db_wall_clock
-from ledger.clock import ledger_time
+from config.clock import db_now
+from ledger.clock import expiry_clock, ledger_time
 from ledger.errors import (
     CaptureExceedsHold,
     HoldNotActive,
@@ -77,15 +77,11 @@ def _plan_capture(m: Movement, lines: list[HoldLine], amount: int) -> None:
 
 
 def _expiry_clock(lines: list[HoldLine], now: datetime) -> datetime:
-    """The instant a release decides "expired or not" by, its buckets locked: the transaction's
-    clock, or, when a bucket it gives back to ends after that, the database's wall clock read
-    now. Review: a release whose transaction began before a bucket's expiry (or close) but got
-    the bucket's lock after the expiry sweep (the close) had committed gave credits back to the
-    `available` of a bucket past its end, and every later sweep of it failed on its journal key.
-    Whatever committed before the locks were granted is in the past of this clock."""
-    if any(line.bucket.expires_at is not None and line.bucket.expires_at > now for line in lines):
-        return max(now, ledger_time(db_wall_clock()))
-    return now
+    """`expiry_clock` of the lines' (locked) buckets. Review: a release whose transaction began
+    before a bucket's expiry (or close) but got the bucket's lock after the expiry sweep (the
+    close) had committed gave credits back to the `available` of a bucket past its end, and every
+    later sweep of it failed on its journal key."""
+    return expiry_clock((line.bucket.expires_at for line in lines), now)
 
 
 def _plan_release(
