@@ -56,12 +56,7 @@ def _window_ms(attempt: JobAttempt, seconds: float) -> int:
 def lookahead_cost(attempt: JobAttempt) -> int:
     """Cost of what the attempt may use before the next run can react: two charge intervals, one
     heartbeat interval and an out-of-credit grace (the stop is graceful, so it still runs then)."""
-    seconds = (
-        2 * conf.value("METERING_CHARGE_INTERVAL_S")
-        + conf.value("METERING_HEARTBEAT_INTERVAL_S")
-        + conf.value("METERING_OUT_OF_CREDIT_GRACE_S")
-    )
-    return cost(_window_ms(attempt, seconds), attempt.rate_per_gpu_hour)
+    return cost(_window_ms(attempt, conf.lookahead_seconds()), attempt.rate_per_gpu_hour)
 
 
 def max_cost(attempt: JobAttempt, job: Job) -> int:
@@ -90,7 +85,10 @@ def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) 
     graceful stop runs on, and any late charge would leave usage past the hold (unfunded)."""
     window = job.org.hold_window_seconds or conf.seconds("METERING_EXTENSION_WINDOW_S")
     wanted = max(cost(_window_ms(attempt, window), attempt.rate_per_gpu_hour), lookahead - hold.remaining)
-    return max(0, min(wanted, max_cost(attempt, job) - hold.authorized))
+    # What the hold pays for is what it captured and still holds: `authorized` also counts what
+    # was given back at placement (a cheaper type), and capping by it never extended such a hold
+    # (review: a windowed hold placed on a type a quarter of the price ran half its run unpaid).
+    return max(0, min(wanted, max_cost(attempt, job) - (hold.captured + hold.remaining)))
 
 
 def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> int:
@@ -155,7 +153,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     hold.refresh_from_db()
     lookahead = lookahead_cost(attempt)
     percent = conf.seconds("METERING_EXTEND_WHEN_LEFT_PERCENT")
-    low_water = max(lookahead, -(-hold.authorized * percent // 100))
+    low_water = max(lookahead, -(-(hold.captured + hold.remaining) * percent // 100))
     if hold.remaining >= low_water:
         return ChargeResult(captured=captured, actions=tuple(actions))
     amount = extension_amount(attempt, job, hold, lookahead)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings
 
 _DEFAULTS: dict[str, float] = {
@@ -34,3 +36,20 @@ def value(name: str) -> float:
 
 def seconds(name: str) -> int:
     return int(value(name))
+
+
+def lookahead_seconds() -> float:
+    """What an attempt may run before a charge can react: two charge intervals, one heartbeat and
+    an out-of-credit stop's grace (the stop is graceful, so the run goes on meanwhile). A hold is
+    extended before less than this is left, and a windowed hold is never placed for less."""
+    return (
+        2 * value("METERING_CHARGE_INTERVAL_S")
+        + value("METERING_HEARTBEAT_INTERVAL_S")
+        + value("METERING_OUT_OF_CREDIT_GRACE_S")
+    )
+
+
+def window_floor_seconds() -> int:
+    """The least run time a windowed hold is placed for: the look-ahead with the clock tolerance,
+    rounded up (182 s by default)."""
+    return math.ceil(lookahead_seconds() * (1 + value("METERING_CAP_TOLERANCE_RATIO")))

@@ -53,10 +53,23 @@ def cost(gpu_ms: int, rate: int) -> int:
     return -(-gpu_ms * rate // MS_PER_HOUR)
 
 
+def held_seconds(wall_seconds: int, window_seconds: int | None) -> int:
+    """The run time a job's hold is for: its max wall, or the org's hold window when shorter. No
+    window (null) holds the whole max wall time; a window is at least 60 s (a CHECK, which also
+    refuses the 0 once read as "no window"), and is held for no less than the metering look-ahead
+    (`window_floor_seconds`, 182 s by default): a shorter first hold was admitted, then stopped at
+    its first charge when it could not be extended, and ran past what it held until the stop took
+    effect, unpaid (review)."""
+    from metering.conf import window_floor_seconds
+
+    if not window_seconds:
+        return wall_seconds
+    return min(wall_seconds, max(window_seconds, window_floor_seconds()))
+
+
 def held_gpu_ms(gpus: int, wall_seconds: int, window_seconds: int | None) -> int:
-    """The GPU-time a job's hold is for: its max wall, or the org's hold window when shorter."""
-    seconds = min(wall_seconds, window_seconds) if window_seconds else wall_seconds
-    return gpus * seconds * 1000
+    """The GPU-time a job's hold is for (`held_seconds` on its GPUs)."""
+    return gpus * held_seconds(wall_seconds, window_seconds) * 1000
 
 
 def covered_rate(held: int, gpu_ms: int) -> int:

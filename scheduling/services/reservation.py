@@ -13,7 +13,15 @@ from ledger.models import Hold
 from ledger.services import CallerEvent, place_hold
 from scheduling.core.feasibility import Never, why_never_fits, why_over_quota
 from scheduling.models import Job
-from scheduling.pricing import Catalog, catalog, catalog_knowing, cost, current_prices, hold_amount
+from scheduling.pricing import (
+    Catalog,
+    catalog,
+    catalog_knowing,
+    cost,
+    current_prices,
+    held_seconds,
+    hold_amount,
+)
 
 
 class NoEligibleGpuType(DomainError):
@@ -100,11 +108,9 @@ def eligible_gpu_types(job: Job) -> list[str]:
 
 
 def hold_seconds(job: Job) -> int:
-    """Max wall time, or the org's hold window when that is shorter (renewed as the job runs).
-    No window (null) holds the whole max wall time; a window is at least 60 s (a CHECK, which
-    also refuses the 0 once read here as "no window")."""
-    window = job.org.hold_window_seconds
-    return min(job.max_wall_seconds, window) if window else job.max_wall_seconds
+    """`pricing.held_seconds` of the job: its max wall, or its org's hold window (renewed as the
+    job runs) when shorter."""
+    return held_seconds(job.max_wall_seconds, job.org.hold_window_seconds)
 
 
 def run_estimate(job: Job, rate: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from ledger.models import MICRO, Hold
 from metering.charging import Action, lookahead_cost
 from metering.heartbeats import HeartbeatItem
@@ -125,7 +127,9 @@ def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usag
     funded(100 * MICRO)
     attempt = running(world, submit, window=60)
     hold = Hold.objects.get(pk=attempt.hold_id)
-    assert hold.authorized == 2 * 60 * 1000
+    # Held for no less than the look-ahead, 180 s x 1.01 rounded up (review: a 60 s first hold
+    # was stopped at its first charge when it could not be extended, and ran on past it unpaid).
+    assert hold.authorized == 2 * 182 * 1000
     lookahead = lookahead_cost(attempt)
     assert lookahead == 2 * 180 * 1000 * 101 // 100
     used = 0
@@ -136,3 +140,29 @@ def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usag
         hold.refresh_from_db()
         assert hold.captured == used  # nothing left behind the hold
         assert hold.remaining >= lookahead  # the next charges and a graceful stop are covered
+
+
+def test_a_short_window_admits_only_a_job_its_credits_can_stop_in_time(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """Review: with a 60 s window the first hold paid for 60 s while the look-ahead is 180 s; with
+    nothing more to extend by, the job was stopped at its first charge and ran on past its hold
+    until the stop took effect (the next heartbeat, then the 30 s grace), unpaid. Its first hold
+    now pays for the look-ahead, so the stop's run is covered."""
+    from django.db import transaction
+
+    from ledger.errors import InsufficientCredits
+
+    funded(2 * 100 * 1000)  # 100 s of the 2 GPUs: the window's 60 s, not the look-ahead's 182
+    world.org.hold_window_seconds = 60
+    world.org.save(update_fields=["hold_window_seconds"])
+    with pytest.raises(InsufficientCredits), transaction.atomic():
+        submit(gpus=2, max_wall_seconds=36_000)
+    funded(2 * 100 * 1000)  # now 200 s of them: admitted, and stopped with its run paid for
+    attempt = running(world, submit, window=60)
+    used = 2 * 60 * 1000
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, used)])
+    assert charge_progress(attempt=attempt).actions == (Action.CAPTURED, Action.STOPPED)
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    # The stop reaches the agent within a heartbeat (30 s) and the job ends within its grace (30 s).
+    assert hold.remaining >= 2 * (30 + 30) * 1000, (hold.authorized, hold.captured, hold.released)
