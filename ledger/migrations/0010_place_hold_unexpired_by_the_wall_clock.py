@@ -3,11 +3,12 @@
 Its eligible-bucket query (`... FOR UPDATE`) compared `expires_at` with the transaction's `now()`.
 A placement that began before a bucket's expiry and waited for its lock (a capture or release
 holding it; the expiry sweep skips a locked bucket) got the row after the expiry, and the new hold
-drew on an expired bucket (review, session 14). Each locked bucket is now also filtered, after its
-lock, with `expires_at > greatest(v_now, clock_timestamp() + p_offset)` (ADR 0012): the rows of
-the materialized `locked` CTE are produced one by one as they are locked, and the filter reads
-the wall clock for each after its lock. The Python path filters its locked buckets the same way
-(`ledger.services.holds.lock_eligible_buckets`). Nothing else changes.
+drew on an expired bucket (review, session 14). Now the function locks the eligible buckets
+first (by id, as before), then reads `greatest(v_now, clock_timestamp() + p_offset)` with every
+lock held, and takes from the locked buckets, re-read, that are still unexpired by it (ADR 0012).
+A filter on each row right after its own lock was not enough (a second review): a bucket locked
+at once could expire while the placement waited for another one's lock. The Python path does the
+same (`ledger.services.holds.lock_eligible_buckets`). Nothing else changes.
 """
 
 import importlib
@@ -18,17 +19,43 @@ _0005 = importlib.import_module("ledger.migrations.0005_hot_path_functions")
 _0006 = importlib.import_module("ledger.migrations.0006_hot_path_late_bucket_locks")
 _0009 = importlib.import_module("ledger.migrations.0009_release_decides_expiry_after_bucket_locks")
 
-UNFILTERED = "FROM locked WINDOW w AS"
-FILTERED = (
-    "FROM locked WHERE expires_at IS NULL OR expires_at > greatest(v_now, clock_timestamp() + p_offset)\n"
-    "        WINDOW w AS"
-)
+OLD_LOCK = """    -- Lock the eligible buckets by id, then take in spend order (all-or-nothing).
+    WITH locked AS MATERIALIZED (
+        SELECT b.id, b.available, b.expires_at, b.kind, b.effective_at FROM ledger_bucket b
+        WHERE b.org_id = p_org AND b.available > 0 AND b.effective_at <= v_now
+            AND (b.expires_at IS NULL OR b.expires_at > v_now)
+            AND (b.project_id IS NULL OR b.project_id = p_project)
+            AND (b.gpu_types = '[]'::jsonb
+                 OR (p_gpu_types <> '[]'::jsonb AND b.gpu_types @> p_gpu_types))
+        ORDER BY b.id FOR UPDATE
+    ), ordered AS ("""
+NEW_LOCK = """    -- Lock the eligible buckets by id; then, all locks held, read the wall clock and take from
+    -- those still unexpired by it, re-read, in spend order (all-or-nothing; 0010).
+    SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_locked FROM (
+        SELECT b.id FROM ledger_bucket b
+        WHERE b.org_id = p_org AND b.available > 0 AND b.effective_at <= v_now
+            AND (b.expires_at IS NULL OR b.expires_at > v_now)
+            AND (b.project_id IS NULL OR b.project_id = p_project)
+            AND (b.gpu_types = '[]'::jsonb
+                 OR (p_gpu_types <> '[]'::jsonb AND b.gpu_types @> p_gpu_types))
+        ORDER BY b.id FOR UPDATE
+    ) AS e;
+    v_wall := greatest(v_now, clock_timestamp() + p_offset);
+    WITH locked AS MATERIALIZED (
+        SELECT b.id, b.available, b.expires_at, b.kind, b.effective_at FROM ledger_bucket b
+        WHERE b.id = ANY(v_locked) AND b.available > 0
+            AND (b.expires_at IS NULL OR b.expires_at > v_wall)
+    ), ordered AS ("""
+OLD_DECLARE = "    v_buckets jsonb;\n"
+NEW_DECLARE = "    v_buckets jsonb;\n    v_locked bigint[];\n    v_wall timestamptz;\n"
 
 
 def place_sql() -> str:
     sql = _0006.PLACE
-    assert sql.count(UNFILTERED) == 1
-    return _0005.expand(sql.replace(UNFILTERED, FILTERED), SPEND_BUCKET=_0005.SPEND.format(id="id"))
+    for old, new in ((OLD_LOCK, NEW_LOCK), (OLD_DECLARE, NEW_DECLARE)):
+        assert sql.count(old) == 1, old
+        sql = sql.replace(old, new)
+    return _0005.expand(sql, SPEND_BUCKET=_0005.SPEND.format(id="id"))
 
 
 def forwards(apps, schema_editor):

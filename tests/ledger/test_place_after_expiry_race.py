@@ -20,11 +20,15 @@ from ledger.verification import verify_ledger
 from tests.factories import OrganizationFactory, fund
 
 
+@pytest.mark.parametrize("busy", ["expiring", "other"])
 @pytest.mark.parametrize("sql_path", [True, False], ids=["sql-hot-path", "python-path"])
 @pytest.mark.django_db(transaction=True)
 def test_a_hold_never_draws_on_a_bucket_that_expired_while_it_waited(
-    sql_path: bool, monkeypatch: pytest.MonkeyPatch
+    sql_path: bool, busy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """`busy`: whose lock the placement waits for past the expiry: the expiring bucket's, or the
+    other bucket's after it locked the expiring one at once (a second review: the SQL path judged
+    each bucket right after its own lock, so that one passed before it expired)."""
     from ledger.services import _sql
 
     monkeypatch.setattr(_sql, "ENABLED", sql_path)
@@ -34,10 +38,12 @@ def test_a_hold_never_draws_on_a_bucket_that_expired_while_it_waited(
     paid = fund(org, 10 * MICRO)
     locked, release, placed, errors = threading.Event(), threading.Event(), [], []
 
+    assert promo.pk < paid.pk  # locked first
+
     def capture_holding_the_bucket() -> None:
         try:
             with transaction.atomic():
-                Bucket.objects.select_for_update().get(pk=promo.pk)
+                Bucket.objects.select_for_update().get(pk=promo.pk if busy == "expiring" else paid.pk)
                 locked.set()
                 release.wait(30)
         finally:
@@ -60,7 +66,7 @@ def test_a_hold_never_draws_on_a_bucket_that_expired_while_it_waited(
     assert locked.wait(10)
     placer = threading.Thread(target=submission)
     placer.start()
-    time.sleep(0.5)  # it waits for the promotional bucket's lock
+    time.sleep(0.5)  # it waits for the busy bucket's lock
     while db_now() <= expires + timedelta(milliseconds=100):
         time.sleep(0.05)
     release.set()
