@@ -23,6 +23,7 @@ from django.db import transaction
 from audit.models import AuditEvent
 from audit.services import NewEvent
 from config.errors import DomainError
+from metering.conf import window_floor_seconds
 from metering.cost import cost
 from scheduling import core
 from scheduling.core import reasons
@@ -43,6 +44,30 @@ def placed_cost(row: PendingRow, gpus: int, rate: int) -> int:
 
 def _gpus(place: core.Place) -> int:
     return sum(len(idx) for _, idx in place.allocations)
+
+
+def _below_window_floor(row: PendingRow, place: core.Place, remaining: int) -> bool:
+    """Whether the hold would pay for the run at its rate over the org's window as typed, so that
+    what it lacks is only the look-ahead floor (`pricing.held_seconds`): a hold placed before
+    windowed holds were floored (review: it was topped up as "price-rose" and, when refused,
+    told a price had risen that had not)."""
+    window = row.hold_window_seconds
+    if not window or window >= row.max_wall_seconds:
+        return False
+    return cost(_gpus(place) * window * 1000, place.rate_micro_per_gpu_hour) <= remaining
+
+
+def _why_more(row: PendingRow, place: core.Place, remaining: int) -> tuple[str, str]:
+    """(reason code, words) for a run that costs more than its hold holds."""
+    if _below_window_floor(row, place, remaining):
+        return "window-floor", (
+            f"the hold pays for the org's {row.hold_window_seconds} s hold window; a windowed hold "
+            f"pays for at least {window_floor_seconds()} s (the metering look-ahead)"
+        )
+    return "price-rose", (
+        f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "
+        "was priced at"
+    )
 
 
 def dearer_preemptors(loaded: Loaded, result: core.Result) -> list[core.Place]:
@@ -95,6 +120,7 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
     assert row.hold_id is not None  # the writer only places jobs that have a hold
     hold = lock_hold(row.hold_id)
     need = placed_cost(row, _gpus(place), place.rate_micro_per_gpu_hour) - hold.remaining
+    why = _why_more(row, place, hold.remaining)[0]
     if need <= 0:
         return ""  # the snapshot's figure was stale: the hold covers the run after all
     if hold.state != HoldState.ACTIVE:
@@ -111,7 +137,7 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
     Job.objects.filter(pk=place.job_id).update(estimate=estimate)
     events.append(NewEvent(
         actor_type=AuditEvent.ActorType.SCHEDULER, action="sched.hold.top_up", subject_type="job",
-        subject_id=place.job_id, org_id=row.org_id, reason_code="price-rose",
+        subject_id=place.job_id, org_id=row.org_id, reason_code=why,
         data={"hold": hold.pk, "amount": need, "gpu_type": place.gpu_type,
               "rate": place.rate_micro_per_gpu_hour},
     ))
@@ -122,10 +148,7 @@ def _wait_for_funds(
     loaded: Loaded, place: core.Place, row: PendingRow, refusal: str, events: list[NewEvent]
 ) -> None:
     retry = funding_retry_at(loaded.now)
-    detail = (
-        f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "
-        f"was priced at; {refusal}"
-    )[:255]
+    detail = f"{_why_more(row, place, row.hold_remaining)[1]}; {refusal}"[:255]
     log.info("job %s not placed: %s", place.job_id, detail)
     Job.objects.filter(pk=place.job_id, state=JobState.QUEUED).update(
         wait_reason=reasons.BUDGET, wait_detail=detail, price_capped_until=retry, expected_start_at=None

@@ -54,7 +54,7 @@ def test_windowed_hold_released_at_placement_is_extended(world: World, funded: A
     assert Action.EXTENDED in result.actions, result
 
 
-def test_the_rest_of_the_run_is_unfunded(world: World, funded: Any) -> None:
+def test_the_whole_run_is_paid(world: World, funded: Any) -> None:
     """Same set-up; run it to its max wall time, charging every 60 s, and exit."""
     from audit.models import AuditEvent
     from metering.reports import ExitReport, report_exit
