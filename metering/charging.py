@@ -71,8 +71,12 @@ def covers_whole_run(attempt: JobAttempt, job: Job, hold: Hold) -> bool:
     for the metering tolerance beyond it (`max_cost`), and the run is not stopped for it. QA: a
     job whose hold covered its run (a short one, or one in its last minutes) was stopped
     `out_of_credit` when its org had nothing spare, funds or budget."""
-    run = cost(job.max_wall_seconds * 1000 * attempt.gpu_count, attempt.rate_per_gpu_hour)
-    return hold.captured + hold.remaining >= run
+    return hold.captured + hold.remaining >= run_cost(attempt, job)
+
+
+def run_cost(attempt: JobAttempt, job: Job) -> int:
+    """The run's whole max wall time on its GPUs at its rate (the job's estimate at that rate)."""
+    return cost(job.max_wall_seconds * 1000 * attempt.gpu_count, attempt.rate_per_gpu_hour)
 
 
 def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) -> int:
@@ -161,10 +165,13 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
         # The hold already covers the whole max wall time; the agent enforces that limit.
         return ChargeResult(captured=captured, actions=tuple(actions))
     refusal = _try_extend(attempt, job, hold, amount)
-    least = lookahead - hold.remaining
-    if refusal and 0 < least < amount:
-        # A whole window is more than the org can fund: the least that keeps the look-ahead
-        # covered, so the job runs on until its credits (or budget) are all but spent.
+    # A whole window is more than the org can fund: the least that keeps the look-ahead covered,
+    # so the job runs on until its credits (or budget) are all but spent; or, when less, what
+    # makes the hold pay for the whole run (QA: an org funded with exactly its job's estimate had
+    # the job stopped in a windowed hold's last look-ahead, its last credits never asked for).
+    to_whole_run = run_cost(attempt, job) - (hold.captured + hold.remaining)
+    least = min(x for x in (lookahead - hold.remaining, to_whole_run, amount) if x > 0)
+    if refusal and least < amount:
         refusal, amount = _try_extend(attempt, job, hold, least), least
     if not refusal:
         actions.append(Action.EXTENDED)

@@ -93,6 +93,12 @@ def test_a_hold_that_pays_for_the_whole_run_is_never_stopped_for_the_metering_sl
     from ledger.services import release_partial
 
     release_partial(hold=hold, amount=1, key="short")
+    assert charge_progress(attempt=attempt).actions == (Action.EXTENDED,)  # by that 1 again
+    release_partial(hold=hold, amount=1, key="short-again")
+    from ledger.models import Bucket
+    from ledger.services import void_credits
+
+    void_credits(bucket=Bucket.objects.get(org=world.org), reason="gone", key="v", amount=1)
     assert charge_progress(attempt=attempt).actions == (Action.STOPPED,)
 
 
@@ -166,3 +172,39 @@ def test_a_short_window_admits_only_a_job_its_credits_can_stop_in_time(
     hold = Hold.objects.get(pk=attempt.hold_id)
     # The stop reaches the agent within a heartbeat (30 s) and the job ends within its grace (30 s).
     assert hold.remaining >= 2 * (30 + 30) * 1000, (hold.authorized, hold.captured, hold.released)
+
+
+def test_a_windowed_hold_is_extended_to_the_whole_run_with_the_orgs_last_credits(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """QA: an org with a hold window, funded with exactly its job's estimate, had the job stopped
+    `out_of_credit` in its last look-ahead: a window was refused, then the look-ahead's shortfall,
+    and what would have made the hold pay for the whole run (all the org had left) was never
+    asked for."""
+    world.org.hold_window_seconds = 600
+    world.org.save(update_fields=["hold_window_seconds"])
+    mark_node_alive(world.node)
+    funded(2 * 1000 * 1000)  # 2 GPUs x 1,000 s: exactly the estimate
+    submit(gpus=2, max_wall_seconds=1000)
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, 1000)
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    for seq, seconds in enumerate((550, 700), start=1):  # each: below the look-ahead, extended by it
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, 2 * seconds * 1000)])
+        assert charge_progress(attempt=attempt).actions == (Action.CAPTURED, Action.EXTENDED)
+    hold.refresh_from_db()
+    left = 2 * 1000 * 1000 - (hold.captured + hold.remaining)
+    # At the next charge, 150 s later, the look-ahead's shortfall is more than the org has left.
+    assert 0 < left < lookahead_cost(attempt) - hold.remaining + 2 * 150 * 1000
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 3, 2 * 850 * 1000)])
+    result = charge_progress(attempt=attempt)
+    assert result.actions == (Action.CAPTURED, Action.EXTENDED)
+    assert result.extended == left  # the rest of the run: all the org had left
+    hold.refresh_from_db()
+    assert hold.captured + hold.remaining == 2 * 1000 * 1000
+    # Later charges ask only for the metering slack, are refused, and the run goes on to its wall.
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 4, 2 * 950 * 1000)])
+    assert charge_progress(attempt=attempt).actions == (Action.CAPTURED,)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
