@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.utils.crypto import constant_time_compare
 
 from portal import dashboard
 from portal.access import DashboardScope, dashboard_scope
@@ -52,12 +55,35 @@ def _build_snapshot() -> dashboard.Snapshot:
     return dashboard.build_snapshot()
 
 
+def recheck_seconds() -> float:
+    """How often an open socket re-checks its viewer (PORTAL_DASHBOARD_RECHECK_SECONDS, 5 s)."""
+    return float(getattr(settings, "PORTAL_DASHBOARD_RECHECK_SECONDS", 5.0))
+
+
+@database_sync_to_async
+def _current_scope(session_key: str | None, user_pk: Any) -> DashboardScope | int:
+    """The viewer's dashboard scope now, or the close code when the session is gone (signed out,
+    expired), belongs to someone else, or was cut by a password change (4401), or the user may no
+    longer see the dashboard (4403). QA: a socket kept streaming an org's figures after its
+    viewer signed out or lost the role."""
+    data = import_module(settings.SESSION_ENGINE).SessionStore(session_key).load() if session_key else {}
+    user = get_user_model().objects.filter(pk=user_pk).first()
+    if (
+        user is None or str(data.get(SESSION_KEY, "")) != str(user_pk)
+        or not constant_time_compare(str(data.get(HASH_SESSION_KEY, "")), user.get_session_auth_hash())
+    ):
+        return CLOSE_UNAUTHENTICATED
+    return dashboard_scope(user) or CLOSE_FORBIDDEN
+
+
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """Sends `{"type": "snapshot", "snapshot": {...}}` messages, cut down to the viewer's orgs."""
 
     scope_filter: DashboardScope | None = None
     _pull_task: asyncio.Task | None = None
     _last_sent = 0.0
+    _checked_at = 0.0
+    _joined = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -67,6 +93,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if self.scope_filter is None:
             return await self._refuse(CLOSE_FORBIDDEN)
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        self._joined, self._checked_at = True, time.monotonic()
         await self.accept()
         await self._send_snapshot(await _build_snapshot())
         interval = pull_interval_seconds()
@@ -85,7 +112,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             self._pull_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pull_task
-        if self.scope_filter is not None:
+        if self._joined:
             await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
 
     async def receive(
@@ -117,7 +144,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         """A failed build (a database error, a restart) is logged and the next interval tries
         again: the exception had ended the task without a word, and the page stopped updating
         until it reconnected."""
-        while True:
+        while self.scope_filter is not None:
             await asyncio.sleep(interval)
             if time.monotonic() - self._last_sent < interval:
                 continue
@@ -129,8 +156,28 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._send_snapshot(snapshot)
 
     async def _send_snapshot(self, snapshot: dashboard.Snapshot) -> None:
+        if not await self._still_allowed():
+            return
         assert self.scope_filter is not None
         self._last_sent = time.monotonic()
         await self.send_json(
             {"type": "snapshot", "snapshot": dashboard.for_scope(snapshot, self.scope_filter)}
         )
+
+    async def _still_allowed(self) -> bool:
+        """Re-check the viewer every `recheck_seconds()` before sending: a session signed out or a
+        role taken away closes the socket (4401/4403) instead of streaming on; a changed role
+        changes what is sent."""
+        if self.scope_filter is None:
+            return False
+        if time.monotonic() - self._checked_at < recheck_seconds():
+            return True
+        session = self.scope.get("session")
+        current = await _current_scope(getattr(session, "session_key", None), self.scope["user"].pk)
+        self._checked_at = time.monotonic()
+        if isinstance(current, int):
+            self.scope_filter = None
+            await self.close(code=current)
+            return False
+        self.scope_filter = current
+        return True

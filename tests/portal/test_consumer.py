@@ -198,6 +198,44 @@ def test_a_failed_pull_does_not_end_the_pulls(world: World, settings: object, mo
     assert len(calls) >= 3  # connect, the failed pull, the pull after it
 
 
+@pytest.mark.parametrize("revoke", ["sign-out", "role"])
+def test_an_open_socket_stops_streaming_once_its_viewer_may_no_longer_see(
+    world: World, settings: object, revoke: str
+) -> None:
+    """QA: a socket kept streaming an org's figures after its viewer signed out (4401) or lost the
+    role that let them see the dashboard (4403)."""
+    from django.contrib.auth.models import Group
+
+    settings.PORTAL_DASHBOARD_PULL_SECONDS = 0.2
+    settings.PORTAL_DASHBOARD_RECHECK_SECONDS = 0
+
+    def take_it_away() -> None:
+        if revoke == "sign-out":
+            SessionStore(session_key=keys[0]).delete()  # what logout's flush does
+        else:
+            world.carol.groups.remove(Group.objects.get(name="finance"))
+
+    keys: list[str] = []
+
+    async def scenario(world_async: World) -> None:
+        cookie = await sync_to_async(_session_cookie)(world_async.carol)
+        keys.append(cookie.decode().split("=", 1)[1])
+        headers = [ORIGIN, (b"cookie", cookie)]
+        communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+        connected, _ = await communicator.connect()
+        assert connected
+        assert (await communicator.receive_json_from(timeout=5))["type"] == "snapshot"
+        await sync_to_async(take_it_away)()
+        closed = await communicator.receive_output(timeout=20)
+        while closed["type"] == "websocket.send":  # a snapshot already on its way
+            closed = await communicator.receive_output(timeout=20)
+        code = CLOSE_UNAUTHENTICATED if revoke == "sign-out" else CLOSE_FORBIDDEN
+        assert closed == {"type": "websocket.close", "code": code}
+        await communicator.wait()
+
+    async_to_sync(scenario)(world)
+
+
 def test_pull_defaults_follow_the_channel_layer(settings: object) -> None:
     assert pull_interval_seconds() == 0.0  # channels_redis: the beat task pushes
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
