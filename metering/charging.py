@@ -179,7 +179,8 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     if hold.remaining >= lookahead or covers_whole_run(attempt, job, hold):
         return ChargeResult(captured=captured, actions=tuple(actions))  # try again next run
     request_stop(
-        attempt=attempt, reason="out_of_credit", grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S")
+        attempt=attempt, reason="out_of_credit", grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S"),
+        detail=f"its hold could not be extended by {amount} micro-credits: {refusal}",
     )
     record(
         action="metering.out_of_credit",

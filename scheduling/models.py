@@ -276,6 +276,9 @@ class Job(models.Model):
     # the max wall times of what runs (Slurm's `squeue --start`); null without one.
     expected_start_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=64, blank=True, default="")
+    # Why, in words, when the reason alone does not say (e.g. what refused an out_of_credit run's
+    # extension: funds or which budget; QA: only the audit trail said).
+    end_detail = models.CharField(max_length=255, blank=True, default="", db_default="")
     current_hold = models.ForeignKey(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -348,6 +351,7 @@ class JobAttempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=32, blank=True, default="")
+    stop_detail = models.CharField(max_length=255, blank=True, default="", db_default="")
     grace_seconds = models.PositiveIntegerField(default=0)
     outcome = models.CharField(max_length=32, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)

@@ -128,8 +128,8 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "org", "project", "user", "name", "state", "gpu_types", "gpu_count",
                   "gpu_memory_gb", "max_wall_seconds", "priority_class", "preemptible", "command",
                   "regions", "depends_on", "dependency", "held", "held_by_operator", "wait_reason",
-                  "wait_detail", "expected_start_at", "end_reason", "estimate", "hold", "attempt_count",
-                  "max_retries", "submitted_at", "updated_at", "finished_at"]
+                  "wait_detail", "expected_start_at", "end_reason", "end_detail", "estimate", "hold",
+                  "attempt_count", "max_retries", "submitted_at", "updated_at", "finished_at"]
         read_only_fields = fields
 
     def get_dependency(self, job: Job) -> str | None:
@@ -228,7 +228,8 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "dependency": str(job.dependency) or None, "held": bool(job.held),
         "held_by_operator": bool(job.held_by_operator),
         "wait_reason": str(job.wait_reason), "wait_detail": str(job.wait_detail),
-        "expected_start_at": None, "end_reason": str(job.end_reason), "estimate": int(job.estimate),
+        "expected_start_at": None, "end_reason": str(job.end_reason), "end_detail": str(job.end_detail),
+        "estimate": int(job.estimate),
         "hold": None,
         "attempt_count": int(job.attempt_count), "max_retries": int(job.max_retries),
         "submitted_at": _when(job.submitted_at),

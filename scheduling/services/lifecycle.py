@@ -253,7 +253,7 @@ def _stop_changes(attempt: JobAttempt, reason: str) -> bool:
 
 @transaction.atomic
 def request_stop(
-    *, attempt: JobAttempt, reason: str, grace_seconds: int | float | None = None
+    *, attempt: JobAttempt, reason: str, grace_seconds: int | float | None = None, detail: str = ""
 ) -> JobAttempt:
     """Ask the agent to stop a live attempt (SIGTERM, then SIGKILL after `grace_seconds`).
 
@@ -276,6 +276,7 @@ def request_stop(
         state=AttemptState.STOPPING,
         stop_requested_at=current.stop_requested_at or now,
         stop_reason=reason,
+        stop_detail=detail[:255],
         grace_seconds=grace,
     )
     if changed == 1:
@@ -383,8 +384,10 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
     schedule_soon(trigger="finish")  # freed GPUs: place the next job without waiting for beat
     data = {"attempt": attempt.number, "outcome": final, "exit_code": exit_code}
     if final in PERMANENT_OUTCOMES:
+        detail = attempt.stop_detail if final == attempt.stop_reason else ""
         return transition(job, PERMANENT_OUTCOMES[final], reason_code=final,
-                          actor_type=AuditEvent.ActorType.AGENT, data=data, end_reason=final)
+                          actor_type=AuditEvent.ActorType.AGENT, data=data, end_reason=final,
+                          end_detail=detail)
     if final == "preempted":
         transition(job, S.PREEMPTED, reason_code="preempted", data=data)
         return requeue(job=job, not_before=None, reason_code="requeued-after-preemption")

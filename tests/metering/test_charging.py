@@ -68,6 +68,15 @@ def test_unfundable_window_stops_the_attempt_out_of_credit(
     # The stop reaches the agent in the next heartbeat response.
     stop = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, WINDOW - 90_000)]).stop
     assert stop == [{"attempt_id": attempt.pk, "reason": "out_of_credit", "grace_seconds": 30}]
+    # It ends out_of_credit, and the job says why in words (QA: only the audit trail did).
+    from metering.reports import ExitReport, report_exit
+
+    report_exit(node=world.node, attempt_id=attempt.pk,
+                report=ExitReport(seq=3, cumulative_gpu_ms=WINDOW - 80_000, outcome="out_of_credit"))
+    job = Job.objects.get(pk=attempt.job_id)
+    assert (job.state, job.end_reason) == ("failed", "out_of_credit")
+    assert job.end_detail.startswith("its hold could not be extended by ")
+    assert "available" in job.end_detail  # the ledger's refusal: what was needed, what was there
 
 
 def test_a_hold_that_pays_for_the_whole_run_is_never_stopped_for_the_metering_slack(
