@@ -119,3 +119,19 @@ def test_dashboard_receives_a_live_update(
     expect(page.locator("#consumed-total")).to_have_text("19.345678")
     expect(page.locator("#consumption-rows")).to_contain_text("acme")
     page.screenshot(path="/tmp/portal-dashboard.png", full_page=True)
+
+
+def test_pages_fit_a_phone_screen(browser: Browser, live_server: object, world: World) -> None:
+    """QA: at 390 px every page scrolled sideways (the jobs table, the header's Sign out)."""
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        base = live_server.url
+        _sign_in(page, base, "alice")
+        for path in ("/", "/orgs/acme/"):
+            page.goto(f"{base}{path}")
+            width = page.evaluate("document.documentElement.scrollWidth")
+            page.screenshot(path=f"/tmp/portal-390{path.replace('/', '-')}.png", full_page=True)
+            assert width <= 390, (path, width)
+    finally:
+        context.close()
