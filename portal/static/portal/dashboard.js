@@ -102,7 +102,8 @@
   }
 
   function render(snap) {
-    $("generated-at").textContent = new Date(snap.generated_at).toLocaleTimeString();
+    // UTC, labelled, as every time on the portal's pages (QA: the browser's zone, unlabelled).
+    $("generated-at").textContent = new Date(snap.generated_at).toISOString().slice(11, 19) + " UTC";
     $("generated-at").setAttribute("datetime", snap.generated_at);
 
     // Money arrives formatted by the server (the one money helper); only the chart scales ints.
