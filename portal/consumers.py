@@ -110,7 +110,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self._pull_task is not None:
             self._pull_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # the group is left anyway
                 await self._pull_task
         if self._joined:
             await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
@@ -149,11 +149,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             if time.monotonic() - self._last_sent < interval:
                 continue
             try:
-                snapshot = await _build_snapshot()
+                await self._send_snapshot(await _build_snapshot())
             except Exception:
                 log.exception("dashboard pull failed; the next one is in %s s", interval)
-                continue
-            await self._send_snapshot(snapshot)
 
     async def _send_snapshot(self, snapshot: dashboard.Snapshot) -> None:
         if not await self._still_allowed():
@@ -173,7 +171,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if time.monotonic() - self._checked_at < recheck_seconds():
             return True
         session = self.scope.get("session")
-        current = await _current_scope(getattr(session, "session_key", None), self.scope["user"].pk)
+        try:
+            current = await _current_scope(getattr(session, "session_key", None), self.scope["user"].pk)
+        except Exception:  # a database error: send nothing now, check again before the next send
+            log.exception("dashboard viewer check failed; nothing sent until one succeeds")
+            return False
         self._checked_at = time.monotonic()
         if isinstance(current, int):
             self.scope_filter = None

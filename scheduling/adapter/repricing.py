@@ -28,7 +28,7 @@ from metering.cost import cost
 from scheduling import core
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
-from scheduling.pricing import held_gpu_ms
+from scheduling.pricing import held_gpu_ms, held_seconds
 from scheduling.services.lifecycle import funding_retry_at
 
 if TYPE_CHECKING:
@@ -60,9 +60,11 @@ def _below_window_floor(row: PendingRow, place: core.Place, remaining: int) -> b
 def _why_more(row: PendingRow, place: core.Place, remaining: int) -> tuple[str, str]:
     """(reason code, words) for a run that costs more than its hold holds."""
     if _below_window_floor(row, place, remaining):
+        held = held_seconds(row.max_wall_seconds, row.hold_window_seconds)
         return "window-floor", (
-            f"the hold pays for the org's {row.hold_window_seconds} s hold window; a windowed hold "
-            f"pays for at least {window_floor_seconds()} s (the metering look-ahead)"
+            f"the hold pays for the org's {row.hold_window_seconds} s hold window; this job's must pay "
+            f"for {held} s (a windowed hold covers at least the metering look-ahead, "
+            f"{window_floor_seconds()} s, or the whole max wall time when shorter)"
         )
     return "price-rose", (
         f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "

@@ -236,6 +236,38 @@ def test_an_open_socket_stops_streaming_once_its_viewer_may_no_longer_see(
     async_to_sync(scenario)(world)
 
 
+def test_a_failed_viewer_check_does_not_end_the_pulls(
+    world: World, settings: object, monkeypatch: Any
+) -> None:
+    """Review: a database error in the viewer's re-check (outside the pull loop's try) ended the
+    pull task without a word; the socket stayed open and "live" and never updated again."""
+    from portal import consumers
+
+    settings.PORTAL_DASHBOARD_PULL_SECONDS = 0.2
+    settings.PORTAL_DASHBOARD_RECHECK_SECONDS = 0
+    real, calls = consumers.dashboard_scope, []
+
+    def flaky(user: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # connect, the first snapshot's check, then the first pull's check
+            raise RuntimeError("the database went away")
+        return real(user)
+
+    monkeypatch.setattr(consumers, "dashboard_scope", flaky)
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        second = await communicator.receive_json_from(timeout=20)
+        assert first["type"] == second["type"] == "snapshot"
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
+    assert len(calls) >= 4  # checked again after the failure
+
+
 def test_pull_defaults_follow_the_channel_layer(settings: object) -> None:
     assert pull_interval_seconds() == 0.0  # channels_redis: the beat task pushes
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -56,8 +56,8 @@ def test_legacy_60s_hold_refused_top_up_does_not_claim_a_price_rise(
     assert AuditEvent.objects.filter(action="sched.skip", subject_id=str(job.pk)).count() == 2
     # No price changed: H100 costs what the hold was priced at.
     job.refresh_from_db()
-    assert job.wait_detail.startswith("the hold pays for the org's 60 s hold window; a windowed hold pays "
-                                      "for at least 182 s"), job.wait_detail
+    assert job.wait_detail.startswith("the hold pays for the org's 60 s hold window; this job's must pay "
+                                      "for 182 s"), job.wait_detail
 
 
 def test_legacy_60s_hold_funded_top_up_is_not_audited_as_a_price_rise(
@@ -71,3 +71,22 @@ def test_legacy_60s_hold_funded_top_up_is_not_audited_as_a_price_rise(
     assert JobAttempt.objects.filter(job=job).exists()
     ev = AuditEvent.objects.get(action="sched.hold.top_up", subject_id=str(job.pk))
     assert ev.reason_code == "window-floor", ev.data
+
+
+def test_the_words_name_what_this_jobs_hold_must_pay_for(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    """Review: for a job shorter than the look-ahead the words claimed it needed 182 s; its hold
+    must pay for its 120 s max wall time."""
+    tenant["org"].hold_window_seconds = 60
+    tenant["org"].save(update_fields=["hold_window_seconds"])
+    amount = cost(2 * 60 * 1000, H100_PRICE)
+    fund(tenant["org"], amount)
+    hold = place_hold(org=tenant["org"], amount=amount, key="legacy", project=tenant["project"],
+                      user=tenant["user"], gpu_types=["H100"])
+    job = make_job(JobState.QUEUED, current_hold=hold, estimate=cost(2 * 120 * 1000, H100_PRICE),
+                   gpu_types=["H100"], gpu_count=2, max_wall_seconds=120)
+    run_scheduling_pass(trigger="test")
+    job.refresh_from_db()
+    assert not JobAttempt.objects.filter(job=job).exists()
+    assert "this job's must pay for 120 s" in job.wait_detail, job.wait_detail

@@ -161,7 +161,10 @@
       }
     };
     socket.onclose = function (event) {
-      if (event.code === 4401 || event.code === 4403) { status("closed", "not allowed"); return; }
+      // Signed out, or the session changed (a password change cycles its key): the page reloads,
+      // and the server shows the dashboard again or the sign-in page (review).
+      if (event.code === 4401) { status("closed", "signed out"); location.reload(); return; }
+      if (event.code === 4403) { status("closed", "not allowed"); return; }
       status("reconnecting", "reconnecting…");
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 30000);
