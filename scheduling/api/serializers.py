@@ -105,8 +105,8 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAttempt
         fields = ["number", "state", "gpu_type", "gpu_count", "nodes", "rate_per_gpu_hour", "charged",
-                  "scheduled_at", "started_at", "ended_at", "stop_reason", "outcome", "exit_code",
-                  "backfilled"]
+                  "scheduled_at", "started_at", "ended_at", "stop_reason", "stop_detail", "outcome",
+                  "exit_code", "backfilled"]
 
     def get_nodes(self, attempt: JobAttempt) -> list[str]:
         """The nodes its GPUs were on."""

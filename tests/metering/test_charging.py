@@ -76,6 +76,10 @@ def test_unfundable_window_stops_the_attempt_out_of_credit(
     job = Job.objects.get(pk=attempt.job_id)
     assert (job.state, job.end_reason) == ("failed", "out_of_credit")
     assert job.end_detail.startswith("its hold could not be extended by ")
+    from scheduling.api.serializers import JobDetailSerializer
+
+    [shown] = JobDetailSerializer(job).data["attempts"]
+    assert (shown["stop_reason"], shown["stop_detail"]) == ("out_of_credit", job.end_detail)
     assert "available" in job.end_detail  # the ledger's refusal: what was needed, what was there
 
 
