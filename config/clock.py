@@ -8,26 +8,25 @@ from django.db import connection
 from django.utils import timezone
 
 
-def db_now() -> datetime:
-    """`now()` of the current PostgreSQL transaction (stable within it); wall clock on SQLite."""
+def _read(function: str) -> datetime:
     if connection.vendor != "postgresql":
         return timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
+        cursor.execute(f"SELECT {function}()")
         (value,) = cursor.fetchone()
     return value
+
+
+def db_now() -> datetime:
+    """`now()` of the current PostgreSQL transaction (stable within it); wall clock on SQLite."""
+    return _read("now")
 
 
 def db_wall_clock() -> datetime:
     """`clock_timestamp()`: the database's wall clock now, which moves on within a transaction
     (`now()` is the transaction's start). For a decision made after a lock wait that must see
     as past whatever committed before the lock was granted; wall clock on SQLite."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        (value,) = cursor.fetchone()
-    return value
+    return _read("clock_timestamp")
 
 
 def aware_row(row: Sequence[Any]) -> tuple[Any, ...]:

@@ -65,13 +65,20 @@ def max_cost(attempt: JobAttempt, job: Job) -> int:
     return cost(_window_ms(attempt, job.max_wall_seconds) + slack, attempt.rate_per_gpu_hour)
 
 
+def pays_for(hold: Hold) -> int:
+    """What the hold pays for: what it captured and still holds. Not `authorized`, which also counts
+    what was given back at placement (a cheaper type; review: capping extensions by it never
+    extended such a hold, and a windowed run went half unpaid)."""
+    return hold.captured + hold.remaining
+
+
 def covers_whole_run(attempt: JobAttempt, job: Job, hold: Hold) -> bool:
     """Whether the hold (what it captured and still holds) pays for the run's whole max wall time
     on its GPUs at its rate: the agent stops the run there, so an extension refused then was only
     for the metering tolerance beyond it (`max_cost`), and the run is not stopped for it. QA: a
     job whose hold covered its run (a short one, or one in its last minutes) was stopped
     `out_of_credit` when its org had nothing spare, funds or budget."""
-    return hold.captured + hold.remaining >= run_cost(attempt, job)
+    return pays_for(hold) >= run_cost(attempt, job)
 
 
 def run_cost(attempt: JobAttempt, job: Job) -> int:
@@ -89,10 +96,7 @@ def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) 
     graceful stop runs on, and any late charge would leave usage past the hold (unfunded)."""
     window = job.org.hold_window_seconds or conf.seconds("METERING_EXTENSION_WINDOW_S")
     wanted = max(cost(_window_ms(attempt, window), attempt.rate_per_gpu_hour), lookahead - hold.remaining)
-    # What the hold pays for is what it captured and still holds: `authorized` also counts what
-    # was given back at placement (a cheaper type), and capping by it never extended such a hold
-    # (review: a windowed hold placed on a type a quarter of the price ran half its run unpaid).
-    return max(0, min(wanted, max_cost(attempt, job) - (hold.captured + hold.remaining)))
+    return max(0, min(wanted, max_cost(attempt, job) - pays_for(hold)))
 
 
 def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> int:
@@ -157,7 +161,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     hold.refresh_from_db()
     lookahead = lookahead_cost(attempt)
     percent = conf.seconds("METERING_EXTEND_WHEN_LEFT_PERCENT")
-    low_water = max(lookahead, -(-(hold.captured + hold.remaining) * percent // 100))
+    low_water = max(lookahead, -(-pays_for(hold) * percent // 100))
     if hold.remaining >= low_water:
         return ChargeResult(captured=captured, actions=tuple(actions))
     amount = extension_amount(attempt, job, hold, lookahead)
@@ -169,7 +173,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     # so the job runs on until its credits (or budget) are all but spent; or, when less, what
     # makes the hold pay for the whole run (QA: an org funded with exactly its job's estimate had
     # the job stopped in a windowed hold's last look-ahead, its last credits never asked for).
-    to_whole_run = run_cost(attempt, job) - (hold.captured + hold.remaining)
+    to_whole_run = run_cost(attempt, job) - pays_for(hold)
     least = min(x for x in (lookahead - hold.remaining, to_whole_run, amount) if x > 0)
     if refusal and least < amount:
         refusal, amount = _try_extend(attempt, job, hold, least), least

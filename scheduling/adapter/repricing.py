@@ -122,11 +122,11 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
     assert row.hold_id is not None  # the writer only places jobs that have a hold
     hold = lock_hold(row.hold_id)
     need = placed_cost(row, _gpus(place), place.rate_micro_per_gpu_hour) - hold.remaining
-    why = _why_more(row, place, hold.remaining)[0]
     if need <= 0:
         return ""  # the snapshot's figure was stale: the hold covers the run after all
     if hold.state != HoldState.ACTIVE:
         return f"hold {hold.pk} is {hold.state}"
+    why = _why_more(row, place, hold.remaining)[0]
     key = f"job:{place.job_id}:attempt:{row.attempt_count + 1}:reprice:{hold.authorized}"
     try:
         with transaction.atomic():  # a refusal must leave the pass's transaction usable

@@ -40,6 +40,22 @@ async def _communicator(user: Any | None) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
 
 
+def _two_messages(world: World) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first two messages a finance viewer's socket receives (the second may be a pull: room
+    for a slow snapshot build on a loaded machine; one CI run saw none within 5 s)."""
+
+    async def scenario(world_async: World) -> tuple[dict[str, Any], dict[str, Any]]:
+        communicator = await _communicator(world_async.carol)
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        second = await communicator.receive_json_from(timeout=20)
+        await communicator.disconnect()
+        return first, second
+
+    return async_to_sync(scenario)(world)
+
+
 async def _assert_closed_with(communicator: WebsocketCommunicator, code: int) -> None:
     """Accepted, then closed with `code` (QA: a close before the handshake reached the browser as an
     HTTP 403 and code 1006, which the page cannot tell from a dropped connection)."""
@@ -155,18 +171,9 @@ def test_consumer_pulls_when_no_push_arrives(world: World, settings: object) -> 
     # The embedded mode's in-memory layer cannot carry the beat process's pushes: pull instead.
     settings.PORTAL_DASHBOARD_PULL_SECONDS = 0.2
 
-    async def scenario(world_async: World) -> None:
-        communicator = await _communicator(world_async.carol)
-        connected, _ = await communicator.connect()
-        assert connected
-        first = await communicator.receive_json_from(timeout=5)
-        # Room for a slow snapshot build on a loaded machine (one CI run saw no second one in 5 s).
-        second = await communicator.receive_json_from(timeout=20)
-        assert first["type"] == second["type"] == "snapshot"
-        assert second["snapshot"]["generated_at"] >= first["snapshot"]["generated_at"]
-        await communicator.disconnect()
-
-    async_to_sync(scenario)(world)
+    first, second = _two_messages(world)
+    assert first["type"] == second["type"] == "snapshot"
+    assert second["snapshot"]["generated_at"] >= first["snapshot"]["generated_at"]
 
 
 def test_a_failed_pull_does_not_end_the_pulls(world: World, settings: object, monkeypatch: Any) -> None:
@@ -185,16 +192,8 @@ def test_a_failed_pull_does_not_end_the_pulls(world: World, settings: object, mo
 
     monkeypatch.setattr(dashboard, "build_snapshot", flaky)
 
-    async def scenario(world_async: World) -> None:
-        communicator = await _communicator(world_async.carol)
-        connected, _ = await communicator.connect()
-        assert connected
-        first = await communicator.receive_json_from(timeout=5)
-        second = await communicator.receive_json_from(timeout=20)
-        assert first["type"] == second["type"] == "snapshot"
-        await communicator.disconnect()
-
-    async_to_sync(scenario)(world)
+    first, second = _two_messages(world)
+    assert first["type"] == second["type"] == "snapshot"
     assert len(calls) >= 3  # connect, the failed pull, the pull after it
 
 
@@ -255,16 +254,8 @@ def test_a_failed_viewer_check_does_not_end_the_pulls(
 
     monkeypatch.setattr(consumers, "dashboard_scope", flaky)
 
-    async def scenario(world_async: World) -> None:
-        communicator = await _communicator(world_async.carol)
-        connected, _ = await communicator.connect()
-        assert connected
-        first = await communicator.receive_json_from(timeout=5)
-        second = await communicator.receive_json_from(timeout=20)
-        assert first["type"] == second["type"] == "snapshot"
-        await communicator.disconnect()
-
-    async_to_sync(scenario)(world)
+    first, second = _two_messages(world)
+    assert first["type"] == second["type"] == "snapshot"
     assert len(calls) >= 4  # checked again after the failure
 
 
