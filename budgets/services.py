@@ -103,10 +103,19 @@ def lock_current_periods(
     One read when no budget applies; otherwise an idempotent insert of the current periods and
     one locking read of them.
     """
+    match = _current_periods(org_id=org_id, project_id=project_id, user_id=user_id, now=now)
+    return [] if match is None else _lock_periods(match)
+
+
+def _current_periods(
+    *, org_id: int, project_id: int | None, user_id: int | None, now: datetime | None
+) -> Q | None:
+    """Create (if missing) the current period of every applicable budget; a filter that selects
+    them, or None when there is none."""
     wanted: dict[int, tuple[datetime, datetime]] = {}
     budgets = _applicable(org_id, project_id, user_id)
     if not budgets:
-        return []
+        return None
     now = now or db_now()
     for budget in budgets:
         bounds = period_bounds(period=budget.period, window_start=budget.window_start,
@@ -114,7 +123,7 @@ def lock_current_periods(
         if bounds is not None:
             wanted[budget.pk] = bounds
     if not wanted:
-        return []
+        return None
     BudgetPeriod.objects.bulk_create(
         [BudgetPeriod(budget_id=b, org_id=org_id, starts_at=s, ends_at=e) for b, (s, e) in wanted.items()],
         ignore_conflicts=True,
@@ -122,7 +131,26 @@ def lock_current_periods(
     match = Q()
     for budget_id, (starts, _ends) in wanted.items():
         match |= Q(budget_id=budget_id, starts_at=starts)
-    return _lock_periods(match)
+    return match
+
+
+def lock_periods_ahead(*, extending: Sequence[Hold], releasing: Sequence[Hold]) -> None:
+    """Lock at once, in lock order, every period that extending some holds (the current periods
+    of their budgets, created if missing) and releasing others (the periods they count in) will
+    write, for a caller that then extends and releases them one by one, each extension or release
+    locking its buckets: without this it would lock a later hold's periods after an earlier
+    hold's buckets, against the order (budgets before buckets) a submission or a charge takes.
+    Call it with the holds locked."""
+    match = Q(pk__in=BudgetCharge.objects.filter(hold_id__in=[h.pk for h in releasing])
+              .values("period_id")) if releasing else None
+    now = db_now() if extending else None
+    for org_id, project_id, user_id in sorted({(h.org_id, h.project_id, h.user_id) for h in extending},
+                                              key=repr):
+        current = _current_periods(org_id=org_id, project_id=project_id, user_id=user_id, now=now)
+        if current is not None:
+            match = current if match is None else match | current
+    if match is not None:
+        _lock_periods(match)
 
 
 def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
@@ -372,7 +400,10 @@ def set_budget(
     scope_lock.own(org.pk)  # every hold still in flight commits first, so the seeding counts it
     fields = {"level": level, "period": period, "limit": limit, "enforcement": enforcement,
               "window_start": window_start, "window_end": window_end}
-    scope = Budget.objects.select_for_update().filter(org=org, project=project, user=user)
+    # FOR NO KEY UPDATE: a first period row of this budget inserted by an extension (which takes
+    # no scope lock) checks its foreign key at commit with FOR KEY SHARE on this row, holding its
+    # hold, which the seeding below locks: FOR UPDATE made that a deadlock (review).
+    scope = Budget.objects.select_for_update(no_key=True).filter(org=org, project=project, user=user)
     budget = scope.first()
     created = False
     if budget is None:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import connection
-from django.db.models import F, JSONField, Model, QuerySet
+from django.db.models import F, JSONField, Model, Q, QuerySet
 
 from config.clock import db_now
 from ledger.models import Bucket, Hold, HoldLine, LedgerTransaction
@@ -84,6 +84,19 @@ def lock_bucket_queryset(queryset: QuerySet[Bucket]) -> list[Bucket]:
 def claim_buckets(queryset: QuerySet[Bucket], limit: int) -> list[Bucket]:
     """Lock up to `limit` buckets in id order, skipping rows another worker holds."""
     return list(queryset.order_by("pk").select_for_update(of=("self",), skip_locked=True)[:limit])
+
+
+def lock_buckets_ahead(*, extending_orgs: Iterable[int], releasing: Iterable[int]) -> None:
+    """Lock at once, by id, every bucket that extending holds of some orgs and releasing some
+    (locked) holds can touch: the orgs' buckets with credits available (every extension draws on
+    some of them) and the released holds' open lines' buckets. For a caller that then extends and
+    releases hold by hold across orgs, so that none of those locks comes after a higher id's."""
+    orgs, holds = sorted(set(extending_orgs)), sorted(set(releasing))
+    if not orgs and not holds:
+        return
+    lines = HoldLine.objects.filter(hold_id__in=holds, authorized__gt=F("captured") + F("released"))
+    match = Q(org_id__in=orgs, available__gt=0) | Q(pk__in=lines.values("bucket_id"))
+    list(Bucket.objects.filter(match).order_by("pk").select_for_update(of=("self",)).values_list("pk"))
 
 
 def lock_hold_with_clock(hold_id: int) -> tuple[Hold, datetime]:

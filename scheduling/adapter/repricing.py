@@ -91,15 +91,42 @@ def dearer_preemptors(loaded: Loaded, result: core.Result) -> list[core.Place]:
     return runs
 
 
+def _dearer(loaded: Loaded, place: core.Place) -> bool:
+    row = loaded.pending[place.job_id]
+    return placed_cost(row, _gpus(place), place.rate_micro_per_gpu_hour) > row.hold_remaining
+
+
+def has_excess(loaded: Loaded, place: core.Place) -> bool:
+    """Whether the job's hold (as the snapshot saw it) holds more than the placed run needs."""
+    row = loaded.pending[place.job_id]
+    return placed_cost(row, _gpus(place), place.rate_micro_per_gpu_hour) < row.hold_remaining
+
+
+def lock_ledger_ahead(loaded: Loaded, funding: list[core.Place], placing: list[core.Place]) -> None:
+    """Take every ledger lock the pass's top-ups (of `funding`) and excess releases (of `placing`)
+    can need before any of them, each kind at once and in its order: holds by id, budget periods,
+    buckets by id. Topping up or releasing hold by hold, the pass locked a later hold's budget
+    periods, or a bucket of a lower id, after an earlier hold's buckets, against the order a
+    submission, a charge or a cancel takes: a deadlock with any of them (review). The caller holds
+    the jobs' locks; the later per-hold locks find these rows already held."""
+    from budgets.services import lock_periods_ahead
+    from ledger.locks import lock_buckets_ahead, lock_holds
+
+    up = {loaded.pending[p.job_id].hold_id for p in funding if _dearer(loaded, p)}
+    down = {loaded.pending[p.job_id].hold_id for p in placing if has_excess(loaded, p)}
+    holds = lock_holds(h for h in up | down if h is not None)
+    if not holds:
+        return
+    extending, releasing = [h for h in holds if h.pk in up], [h for h in holds if h.pk in down]
+    lock_periods_ahead(extending=extending, releasing=releasing)
+    lock_buckets_ahead(extending_orgs={h.org_id for h in extending}, releasing=[h.pk for h in releasing])
+
+
 def top_up_dearer(loaded: Loaded, places: list[core.Place], events: list[NewEvent]) -> list[core.Place]:
     """Extend the holds of placements that cost more than their hold holds; returns the places to
     make (the refused ones are dropped and their jobs told why). The caller holds the jobs' locks
-    (lock order: job -> hold -> budgets -> buckets)."""
-    dearer = [
-        p for p in places
-        if placed_cost(loaded.pending[p.job_id], _gpus(p), p.rate_micro_per_gpu_hour)
-        > loaded.pending[p.job_id].hold_remaining
-    ]
+    and has taken the ledger's (`lock_ledger_ahead`)."""
+    dearer = [p for p in places if _dearer(loaded, p)]
     if not dearer:
         return places
     refused: set[int] = set()

@@ -27,7 +27,13 @@ from config.errors import DomainError
 from ledger.models import Hold
 from metering.models import AttemptUsage
 from scheduling import core
-from scheduling.adapter.repricing import dearer_preemptors, placed_cost, top_up_dearer
+from scheduling.adapter.repricing import (
+    dearer_preemptors,
+    has_excess,
+    lock_ledger_ahead,
+    placed_cost,
+    top_up_dearer,
+)
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.core import reasons as core_reasons
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState, Node, NodeCordon, NodeState
@@ -188,9 +194,10 @@ def _place(
                if p.job_id in locked and all(n in usable for n, _ in p.allocations)
                and _clear_of_windows(p, usable, loaded.now)}
     applied.conflicts.extend(p.job_id for p in places if p.job_id not in numbers)
-    funded = top_up_dearer(
-        loaded, [p for p in places if p.job_id in numbers] + [p for p in preempting if p.job_id in locked],
-        events)
+    placing = [p for p in places if p.job_id in numbers]
+    funding = placing + [p for p in preempting if p.job_id in locked]
+    lock_ledger_ahead(loaded, funding, placing)
+    funded = top_up_dearer(loaded, funding, events)
     unfunded |= {p.job_id for p in preempting} - {p.job_id for p in funded}
     funded = [p for p in funded if p.job_id in numbers]
     if not funded:
@@ -223,7 +230,7 @@ def _place(
         ))
         # An excess only where the hold holds more than the run needs (a cheaper type, or a price
         # that fell after a top-up: review), as the snapshot saw it; re-read under the hold's lock.
-        if row.hold_remaining > placed_cost(row, attempt.gpu_count, attempt.rate_per_gpu_hour):
+        if has_excess(loaded, place):
             cheaper.append((place.job_id, attempt, row))
     applied.excess_released += _release_excess_many(cheaper)
     return unfunded

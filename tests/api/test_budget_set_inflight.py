@@ -9,7 +9,6 @@ submission that starts while a budget is being set waits and then reads it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,24 +24,12 @@ from scheduling.services.lifecycle import fund_job
 from scheduling.services.submission import JobSpec, submit_job
 from scheduling.services.submission_sql import submit_job_in_sql
 from tests.api.factories import Tenant
+from tests.lock_waits import another_session_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SPEC = JobSpec(name="train", gpu_types=("H100",), gpu_count=1, max_wall_seconds=600,
                priority_class="standard")
-
-
-def _waits_on_advisory_lock(done: threading.Event, timeout: float = 10) -> bool:
-    """True once another session waits on an advisory lock; False if `done` came first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not done.is_set():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND wait_event = 'advisory' AND pid <> pg_backend_pid()")
-            if cursor.fetchone()[0]:
-                return True
-        time.sleep(0.02)
-    return False
 
 
 def _in_thread(
@@ -92,7 +79,7 @@ def test_a_budget_set_while_a_submission_is_in_flight_counts_its_hold(tenant: Te
     second = _in_thread(lambda: set_budget(org=tenant.org, period="month", limit=10**15,
                                            enforcement="hard"), errors, setting_done)
     # The setting waits for the submission (before the lock it finished at once, counting 0).
-    waited = _waits_on_advisory_lock(setting_done)
+    waited = another_session_waits(setting_done, wait_event="advisory")
     commit.set()
     first.join(15), second.join(15)
     assert not errors
@@ -124,7 +111,7 @@ def test_a_submission_during_a_budget_setting_waits_and_meets_the_budget(tenant:
             refused.append(error)
 
     second = _in_thread(submission, errors, submission_done)
-    waited = _waits_on_advisory_lock(submission_done)
+    waited = another_session_waits(submission_done, wait_event="advisory")
     commit.set()
     first.join(15), second.join(15)
     assert not errors
