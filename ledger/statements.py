@@ -15,11 +15,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Q, Sum
 
 from accounts.models import Organization
 from config.months import month_bounds
+from config.snapshot import one_snapshot
 from ledger.clock import clock_offset, ledger_now
 from ledger.models import Account, Bucket, LedgerTransaction, Posting, TransactionKind
 
@@ -131,14 +132,8 @@ def org_statement(*, org: Organization, month: str) -> Statement:
     `final` says when it no longer can (checked before the snapshot is taken; inside a caller's
     transaction, whose snapshot may be older, as tests read it, that order is the caller's)."""
     settled = _settled(parse_month(month)[1])
-    if connection.in_atomic_block:  # the caller's transaction is the snapshot (tests, a bigger read)
+    with one_snapshot():
         statement = _statement(org=org, month=month)
-    else:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            statement = _statement(org=org, month=month)
     statement.final = settled
     return statement
 

@@ -6,13 +6,17 @@ from collections import defaultdict
 
 from django.db.models import Sum
 
+from config.snapshot import one_snapshot
 from ledger.journal import COLUMNS, bucket_columns_from_postings
 from ledger.models import Account, Bucket, Hold, HoldLine, HoldState, Posting, TransactionKind
 
 
 def verify_ledger() -> list[str]:
-    """Every difference found, as human-readable lines; an empty list means the ledger is clean."""
-    return [*_unbalanced_transactions(), *_bucket_differences(), *_hold_differences()]
+    """Every difference found, as human-readable lines; an empty list means the ledger is clean.
+    Read in one snapshot: a capture committing between two of its reads (the postings, then the
+    buckets) was reported as a difference (review: 14 of 15 runs under live captures)."""
+    with one_snapshot():
+        return [*_unbalanced_transactions(), *_bucket_differences(), *_hold_differences()]
 
 
 def _unbalanced_transactions() -> list[str]:

@@ -19,6 +19,7 @@ from django.db.models import Exists, OuterRef, Sum
 
 from audit.services import record
 from config.clock import db_now
+from config.snapshot import one_snapshot
 from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
 from ledger.retry import retry_on_conflict
 from ledger.services import expire_due_buckets, release_hold
@@ -191,11 +192,12 @@ def reconcile(*, since_days: int | None = 2) -> Reconciliation:
 
     Discrepancies become audit alert events and the `gpubank_reconciliation_discrepancies` metric.
     """
-    found = Reconciliation(
-        ledger=verify_ledger(),
-        terminal_with_active_hold=_terminal_with_active_hold(),
-        captured_mismatch=_captured_mismatches(since_days),
-    )
+    with one_snapshot():  # reads that agree with each other (review: false alarms under load)
+        found = Reconciliation(
+            ledger=verify_ledger(),
+            terminal_with_active_hold=_terminal_with_active_hold(),
+            captured_mismatch=_captured_mismatches(since_days),
+        )
     for check, lines in (
         ("ledger", found.ledger),
         ("terminal_with_active_hold", found.terminal_with_active_hold),
