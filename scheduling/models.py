@@ -56,6 +56,10 @@ class GpuPrice(models.Model):
                 condition=Q(price_per_gpu_hour__gt=0), name="gpu_price_positive",
                 violation_error_message=PRICE_MESSAGE,
             ),
+            models.CheckConstraint(  # the validators' cap, for writes that skip them
+                condition=Q(price_per_gpu_hour__lte=MAX_PRICE), name="gpu_price_at_most_max",
+                violation_error_message=MAX_PRICE_MESSAGE,
+            ),
         ]
 
     def __str__(self) -> str:

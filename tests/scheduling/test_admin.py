@@ -233,6 +233,14 @@ def test_a_price_that_is_not_positive_is_refused_by_the_field(staff: Client, fle
     assert GpuPrice.objects.filter(gpu_type=h100).count() == 1  # the fleet's price only
 
 
+def test_the_database_refuses_a_price_past_the_cap_written_around_the_validators(
+        fleet: dict[str, Any]) -> None:
+    GpuPrice.objects.create(gpu_type=fleet["h100"], price_per_gpu_hour=MAX_PRICE,
+                            effective_from=timezone.now() + timedelta(days=1))
+    with pytest.raises(IntegrityError, match="gpu_price_at_most_max"), transaction.atomic():
+        GpuPrice.objects.filter(price_per_gpu_hour=MAX_PRICE).update(price_per_gpu_hour=MAX_PRICE + 1)
+
+
 def test_a_refused_action_names_the_job_once(staff: Client, fleet: dict[str, Any],
                                              make_job: Callable[..., Job]) -> None:
     job = make_job(JobState.COMPLETED, hold=False)
