@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from time import perf_counter
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count
 
 from audit.services import record
@@ -21,7 +21,16 @@ from ledger.retry import retry_on_conflict
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
-from scheduling.models import AttemptState, JobAttempt, JobState, Node, NodeCordon, NodeState, SchedulerPass
+from scheduling.models import (
+    Allocation,
+    AttemptState,
+    JobAttempt,
+    JobState,
+    Node,
+    NodeCordon,
+    NodeState,
+    SchedulerPass,
+)
 from scheduling.services.leader import try_lead
 from scheduling.services.lifecycle import finish_attempt, lock_job, request_stop
 
@@ -222,31 +231,60 @@ def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
     return withdrawn
 
 
+def _still_on_a_node_that_is(attempt_id: int, state: str) -> bool:
+    """Whether the attempt still holds a GPU of a node in `state`, asked under the attempt's lock.
+    On PostgreSQL the node row is locked FOR SHARE: a heartbeat that brings the node back (an
+    UPDATE of its row) is seen here if it committed, or waits until this transaction has ended
+    the attempt (and is then told to stop it). SQLite runs one writer at a time."""
+    lock = " FOR SHARE OF n" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT n.id FROM {Node._meta.db_table} n JOIN {Allocation._meta.db_table} a "  # noqa: S608
+            "ON a.node_id = n.id WHERE a.attempt_id = %s AND a.released_at IS NULL AND n.state = %s "
+            f"ORDER BY n.id{lock}",
+            [attempt_id, state],
+        )
+        return bool(cursor.fetchall())
+
+
 @transaction.atomic
 def _withdraw(attempt_id: int, job_id: int) -> bool:
     lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
-    silent = Node.objects.filter(allocations__attempt=attempt, allocations__released_at__isnull=True,
-                                 state=NodeState.UNKNOWN).exists()
-    if attempt.state not in _UNSTARTED or attempt.started_at is not None or not silent:
-        return False  # started, ended or its node back since the sweep read it
+    if attempt.state not in _UNSTARTED or attempt.started_at is not None:
+        return False  # started or ended since the sweep read it
+    if not _still_on_a_node_that_is(attempt_id, NodeState.UNKNOWN):
+        return False  # its node is back
     return finish_attempt(attempt=attempt, outcome="withdrawn").state == JobState.QUEUED
 
 
+_LIVE = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
+
+
 def end_attempts_on_down_nodes(*, limit: int = 200) -> int:
-    """Finish every live attempt holding a GPU of a down node with outcome `lost` (one txn each)."""
-    attempts = list(
+    """Finish every live attempt holding a GPU of a down node with outcome `lost` (one transaction
+    each), re-checked under the job's and the attempt's locks: a heartbeat that brought the node
+    back while the sweep waited for a lock wins (review: the attempt of a node back `ready` was
+    ended `lost`, a retry spent, and the job still running there then killed)."""
+    ids = list(
         JobAttempt.objects.filter(
-            state__in=(AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING),
-            allocations__released_at__isnull=True,
-            allocations__node__state=NodeState.DOWN,
-        ).distinct().order_by("pk")[:limit]
+            state__in=_LIVE, allocations__released_at__isnull=True, allocations__node__state=NodeState.DOWN,
+        ).distinct().order_by("pk").values_list("pk", "job_id")[:limit]
     )
     ended = 0
-    for attempt in attempts:
+    for attempt_id, job_id in ids:
         try:
-            finish_attempt(attempt=attempt, outcome="lost")
-            ended += 1
+            ended += _end_lost(attempt_id, job_id)
         except Exception:  # one bad attempt must not block the sweep of the others
-            log.exception("could not end attempt %s of a down node", attempt.pk)
+            log.exception("could not end attempt %s of a down node", attempt_id)
     return ended
+
+
+@transaction.atomic
+def _end_lost(attempt_id: int, job_id: int) -> bool:
+    lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+    if attempt.state not in _LIVE or not _still_on_a_node_that_is(attempt_id, NodeState.DOWN):
+        return False  # ended, or its node back, since the sweep read it
+    finish_attempt(attempt=attempt, outcome="lost")
+    return True

@@ -1,0 +1,76 @@
+"""The down-node sweep racing the node's return, on real connections (review).
+
+`end_attempts_on_down_nodes` read the attempts of down nodes, then finished each `lost` without
+re-checking: a node that answered while the sweep waited for a job's lock (a charge, a scheduling
+pass) had its running attempt ended `lost` (settled, requeued with a retry spent), and the job
+still running there was then killed by a `lost` stop. Now each attempt is re-checked under the
+job's and the attempt's locks, with its node's row locked FOR SHARE. Failed before."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ledger.models import MICRO
+from metering.heartbeats import HeartbeatItem
+from metering.services import ingest_heartbeats
+from scheduling.models import AttemptState, Job, JobAttempt, Node, NodeState
+from scheduling.services.tick import end_attempts_on_down_nodes
+from tests.lock_waits import another_session_waits
+from tests.metering.conftest import World
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    funded(100 * MICRO)
+    attempt = make_attempt(started_ago=600)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 1_000_000)])
+    Node.objects.filter(pk=world.node.pk).update(
+        state=NodeState.DOWN, last_heartbeat_at=timezone.now() - timedelta(seconds=400))
+    locked, release, done = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold_the_job() -> None:  # as a charge or a scheduling pass would
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=attempt.job_id)
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def sweep() -> None:
+        try:
+            end_attempts_on_down_nodes()
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            done.set()
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_job)
+    holder.start()
+    assert locked.wait(10)
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    assert another_session_waits(done)  # the sweep has read the attempt and waits for the job
+    result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)])
+    assert result.accepted == [attempt.pk]
+    assert Node.objects.get(pk=world.node.pk).state == NodeState.READY
+    release.set()
+    holder.join(30)
+    sweeper.join(30)
+    assert errors == []
+
+    attempt.refresh_from_db()
+    next_beat = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 3, 1_120_000)])
+    assert (attempt.state, attempt.outcome, next_beat.stop) == (AttemptState.RUNNING, "", [])
