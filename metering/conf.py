@@ -38,18 +38,33 @@ def seconds(name: str) -> int:
     return int(value(name))
 
 
+def longest_stop_grace() -> float:
+    """The longest grace any stop gives a run (signal, then kill): out of credit, a preemption or
+    an eviction (the scheduler's checkpoint grace, 120 s by default), a cancellation or a server
+    time-out. A stop can come between two charges, and a stopping run's hold is not extended."""
+    from scheduling.core import Config
+
+    return max(
+        value("METERING_OUT_OF_CREDIT_GRACE_S"),
+        float(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", Config().grace_seconds)),
+        float(getattr(settings, "SCHEDULER_STOP_GRACE_SECONDS", 30)),
+    )
+
+
 def lookahead_seconds() -> float:
     """What an attempt may run before a charge can react: two charge intervals, one heartbeat and
-    an out-of-credit stop's grace (the stop is graceful, so the run goes on meanwhile). A hold is
-    extended before less than this is left, and a windowed hold is never placed for less."""
+    the longest stop's grace (the stop is graceful, so the run goes on meanwhile). A hold is
+    extended before less than this is left, and a windowed hold is never placed for less. Review:
+    with only the out-of-credit grace (30 s) here, a windowed run preempted just before a charge
+    ran its 120 s checkpoint grace past its hold, unpaid."""
     return (
         2 * value("METERING_CHARGE_INTERVAL_S")
         + value("METERING_HEARTBEAT_INTERVAL_S")
-        + value("METERING_OUT_OF_CREDIT_GRACE_S")
+        + longest_stop_grace()
     )
 
 
 def window_floor_seconds() -> int:
     """The least run time a windowed hold is placed for: the look-ahead with the clock tolerance,
-    rounded up (182 s by default)."""
+    rounded up (273 s by default)."""
     return math.ceil(lookahead_seconds() * (1 + value("METERING_CAP_TOLERANCE_RATIO")))

@@ -57,7 +57,7 @@ def held_seconds(wall_seconds: int, window_seconds: int | None) -> int:
     """The run time a job's hold is for: its max wall, or the org's hold window when shorter. No
     window (null) holds the whole max wall time; a window is at least 60 s (a CHECK, which also
     refuses the 0 once read as "no window"), and is held for no less than the metering look-ahead
-    (`window_floor_seconds`, 182 s by default): a shorter first hold was admitted, then stopped at
+    (`window_floor_seconds`, 273 s by default): a shorter first hold was admitted, then stopped at
     its first charge when it could not be extended, and ran past what it held until the stop took
     effect, unpaid (review)."""
     from metering.conf import window_floor_seconds

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from audit.models import AuditEvent
 from ledger.models import MICRO, Hold
 from metering.charging import Action, lookahead_cost
+from metering.conf import lookahead_seconds, window_floor_seconds
 from metering.heartbeats import HeartbeatItem
 from metering.services import charge_progress, ingest_heartbeats, report_started
 from scheduling.models import AttemptState, Job, JobAttempt
@@ -141,16 +143,17 @@ def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usag
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
     """An org's window may be as short as 60 s, one charge interval, less than the look-ahead
-    (2 charges + a heartbeat + the stop's grace = 180 s). One window per charge only kept pace:
+    (2 charges + a heartbeat + the longest stop's grace = 270 s). One window per charge only kept pace:
     a late charge left usage past the hold, and a refused extension's graceful stop had no margin."""
     funded(100 * MICRO)
     attempt = running(world, submit, window=60)
     hold = Hold.objects.get(pk=attempt.hold_id)
-    # Held for no less than the look-ahead, 180 s x 1.01 rounded up (review: a 60 s first hold
+    # Held for no less than the look-ahead, 270 s x 1.01 rounded up (review: a 60 s first hold
     # was stopped at its first charge when it could not be extended, and ran on past it unpaid).
-    assert hold.authorized == 2 * 182 * 1000
+    assert (lookahead_seconds(), window_floor_seconds()) == (270, 273)
+    assert hold.authorized == 2 * 273 * 1000
     lookahead = lookahead_cost(attempt)
-    assert lookahead == 2 * 180 * 1000 * 101 // 100
+    assert lookahead == 2 * 270 * 1000 * 101 // 100
     used = 0
     for seq, seconds in enumerate((55, 60, 60, 150, 60), start=1):  # 2 GPUs; one charge 90 s late
         used += 2 * seconds * 1000
@@ -164,7 +167,7 @@ def test_a_window_shorter_than_the_look_ahead_still_keeps_the_hold_ahead_of_usag
 def test_a_short_window_admits_only_a_job_its_credits_can_stop_in_time(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
-    """Review: with a 60 s window the first hold paid for 60 s while the look-ahead is 180 s; with
+    """Review: with a 60 s window the first hold paid for 60 s while the look-ahead is longer; with
     nothing more to extend by, the job was stopped at its first charge and ran on past its hold
     until the stop took effect (the next heartbeat, then the 30 s grace), unpaid. Its first hold
     now pays for the look-ahead, so the stop's run is covered."""
@@ -172,12 +175,12 @@ def test_a_short_window_admits_only_a_job_its_credits_can_stop_in_time(
 
     from ledger.errors import InsufficientCredits
 
-    funded(2 * 100 * 1000)  # 100 s of the 2 GPUs: the window's 60 s, not the look-ahead's 182
+    funded(2 * 100 * 1000)  # 100 s of the 2 GPUs: the window's 60 s, not the look-ahead's 273
     world.org.hold_window_seconds = 60
     world.org.save(update_fields=["hold_window_seconds"])
     with pytest.raises(InsufficientCredits), transaction.atomic():
         submit(gpus=2, max_wall_seconds=36_000)
-    funded(2 * 100 * 1000)  # now 200 s of them: admitted, and stopped with its run paid for
+    funded(2 * 173 * 1000)  # now 273 s of them: admitted, and stopped with its run paid for
     attempt = running(world, submit, window=60)
     used = 2 * 60 * 1000
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, used)])
@@ -221,3 +224,42 @@ def test_a_windowed_hold_is_extended_to_the_whole_run_with_the_orgs_last_credits
     assert charge_progress(attempt=attempt).actions == (Action.CAPTURED,)
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING
+
+
+def test_a_preempted_windowed_run_is_paid_for_through_its_checkpoint_grace(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """Review: the look-ahead counted an out-of-credit stop's grace (30 s), but a preemption or an
+    eviction stops a run with the scheduler's checkpoint grace (120 s), and a stopping run's hold
+    is not extended: preempted just before a charge, a windowed run outlived its hold and the rest
+    was settled `unfunded` though its org had credits to spare. The look-ahead now counts the
+    longest stop's grace."""
+    from metering.reports import ExitReport, report_exit
+    from scheduling.core import Config
+    from scheduling.services.lifecycle import request_stop_many
+
+    funded(100 * MICRO)
+    attempt = running(world, submit, window=60)  # 2 GPUs, a windowed hold
+    lookahead = lookahead_cost(attempt)
+    hold = Hold.objects.get(pk=attempt.hold_id)
+    used, seq = 0, 0
+    for seconds in (70, 60, 60):  # steady state: each charge brings the hold back to the look-ahead
+        used += 2 * seconds * 1000
+        seq += 1
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, used)])
+        assert Action.EXTENDED in charge_progress(attempt=attempt).actions
+        hold.refresh_from_db()
+        assert hold.remaining >= lookahead
+    used += 2 * 60 * 1000  # one charge interval later it is preempted, just before the next charge
+    seq += 1
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, used)])
+    grace = int(Config().grace_seconds)
+    request_stop_many(items=[(attempt.pk, grace)], reason="preempted")
+    charge_progress(attempt=attempt)  # stopping: captures, never extends
+    # The stop reaches the agent with its next heartbeat (30 s); the job checkpoints through its
+    # grace, then exits and reports.
+    used += 2 * (30 + grace) * 1000
+    report_exit(node=world.node, attempt_id=attempt.pk,
+                report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="preempted"))
+    settled = AuditEvent.objects.get(action="metering.attempt_settled", subject_id=str(attempt.pk))
+    assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)

@@ -44,7 +44,7 @@ def test_legacy_60s_hold_refused_top_up_does_not_claim_a_price_rise(
     job.refresh_from_db()
     assert verify_ledger() == []
     assert not JobAttempt.objects.filter(job=job).exists()
-    # Capped: its hold "covers" 60/182 of H100's price, so it is placed nowhere; after the cap the
+    # Capped: its hold "covers" 60/273 of H100's price, so it is placed nowhere; after the cap the
     # top-up is tried and refused again, for as long as the org's funds stay short.
     from datetime import timedelta
 
@@ -57,7 +57,7 @@ def test_legacy_60s_hold_refused_top_up_does_not_claim_a_price_rise(
     # No price changed: H100 costs what the hold was priced at.
     job.refresh_from_db()
     assert job.wait_detail.startswith("the hold pays for the org's 60 s hold window; this job's must pay "
-                                      "for 182 s"), job.wait_detail
+                                      "for 273 s"), job.wait_detail
 
 
 def test_legacy_60s_hold_funded_top_up_is_not_audited_as_a_price_rise(
@@ -76,7 +76,7 @@ def test_legacy_60s_hold_funded_top_up_is_not_audited_as_a_price_rise(
 def test_the_words_name_what_this_jobs_hold_must_pay_for(
     fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
 ) -> None:
-    """Review: for a job shorter than the look-ahead the words claimed it needed 182 s; its hold
+    """Review: for a job shorter than the look-ahead the words claimed it needed the look-ahead; its hold
     must pay for its 120 s max wall time."""
     tenant["org"].hold_window_seconds = 60
     tenant["org"].save(update_fields=["hold_window_seconds"])
