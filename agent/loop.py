@@ -261,6 +261,7 @@ class Agent:
                 gpu_indices=tuple(_int(i) for i in item["gpu_indices"]),
                 max_wall_seconds=_int(item["max_wall_seconds"]),
                 env={_str(k): _str(v) for k, v in (item.get("env") or {}).items()},
+                timeout_grace_seconds=_grace(item.get("timeout_grace_seconds")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             attempt = item.get("attempt_id") if isinstance(item, dict) else None
@@ -434,6 +435,15 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
+
+
+def _grace(value: Any) -> float | None:
+    """An optional grace in seconds: absent (an older server) is None; otherwise a number >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 86_400:
+        raise ValueError(f"expected a grace in seconds, got {value!r}")
+    return float(value)
 
 
 def _str(value: Any) -> str:

@@ -39,6 +39,8 @@ class StartSpec:
     gpu_indices: tuple[int, ...]
     max_wall_seconds: int
     env: Mapping[str, str] = field(default_factory=dict)
+    # SIGTERM -> SIGKILL at the wall time, as the server bills it; None: the agent's --timeout-grace.
+    timeout_grace_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,8 @@ class Runner:
                 limit = running.spec.max_wall_seconds
                 if running.outcome is None and limit > 0 and now - running.started_at >= limit:
                     alog(log, logging.WARNING, attempt_id, "max wall time %ss reached", limit)
-                    self._terminate(running, "timed_out", self._timeout_grace)
+                    grace = running.spec.timeout_grace_seconds
+                    self._terminate(running, "timed_out", self._timeout_grace if grace is None else grace)
                 if running.kill_at is not None and not running.killed and now >= running.kill_at:
                     alog(log, logging.WARNING, attempt_id, "grace over, sending SIGKILL to group")
                     _signal_group(running.proc, signal.SIGKILL)

@@ -60,9 +60,12 @@ def lookahead_cost(attempt: JobAttempt) -> int:
 
 
 def max_cost(attempt: JobAttempt, job: Job) -> int:
-    """The most the attempt can ever bill: the billable cap at its max wall time."""
+    """The most the attempt can ever bill: the billable cap when its agent kills it, at its max
+    wall time plus the time-out grace (review: capped at the max wall time, a run that used its
+    SIGTERM grace was billed past its hold, unfunded, though its org could pay)."""
     slack = conf.seconds("METERING_CAP_SLACK_MS_PER_GPU") * attempt.gpu_count
-    return cost(_window_ms(attempt, job.max_wall_seconds) + slack, attempt.rate_per_gpu_hour)
+    wall = job.max_wall_seconds + conf.timeout_grace_seconds()
+    return cost(_window_ms(attempt, wall) + slack, attempt.rate_per_gpu_hour)
 
 
 def pays_for(hold: Hold) -> int:

@@ -38,6 +38,12 @@ def seconds(name: str) -> int:
     return int(value(name))
 
 
+def timeout_grace_seconds() -> int:
+    """The grace of a run stopped at its max wall time (by its agent, which the server tells in
+    each start, or by the server's own time-out) or cancelled: SIGTERM, then SIGKILL."""
+    return int(getattr(settings, "SCHEDULER_STOP_GRACE_SECONDS", 30))
+
+
 def longest_stop_grace() -> float:
     """The longest grace any stop gives a run (signal, then kill): out of credit, a preemption or
     an eviction (the scheduler's checkpoint grace, 120 s by default), a cancellation or a server
@@ -47,7 +53,7 @@ def longest_stop_grace() -> float:
     return max(
         value("METERING_OUT_OF_CREDIT_GRACE_S"),
         float(getattr(settings, "SCHEDULER_PREEMPT_GRACE_SECONDS", Config().grace_seconds)),
-        float(getattr(settings, "SCHEDULER_STOP_GRACE_SECONDS", 30)),
+        timeout_grace_seconds(),
     )
 
 

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from config.errors import DomainError
 from ledger.retry import retry_on_conflict
+from metering import conf
 from metering.heartbeats import HeartbeatItem, apply_usage, ensure_usage_rows, stops_for_node
 from scheduling.models import Allocation, AttemptState, Job, JobAttempt, Node
 
@@ -71,6 +72,7 @@ def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
         .order_by("attempt_id", "gpu_index")
     )
     starts: dict[int, dict[str, Any]] = {}
+    grace = conf.timeout_grace_seconds()
     for attempt_id, gpu_index, job_id, command, max_wall, number in rows:
         item = starts.setdefault(
             attempt_id,
@@ -80,6 +82,7 @@ def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
                 "command": command,
                 "gpu_indices": [],
                 "max_wall_seconds": max_wall,
+                "timeout_grace_seconds": grace,
                 "env": {"GPUBANK_ATTEMPT_NUMBER": str(number)},
             },
         )

@@ -99,6 +99,7 @@ class FakeServer:
         max_wall: int = 60,
         env: dict[str, str] | None = None,
         job_id: int | None = None,
+        timeout_grace: float | None = None,
     ) -> None:
         with self.lock:
             self.starts[attempt_id] = {
@@ -109,6 +110,8 @@ class FakeServer:
                 "max_wall_seconds": max_wall,
                 "env": env or {},
             }
+            if timeout_grace is not None:
+                self.starts[attempt_id]["timeout_grace_seconds"] = timeout_grace
 
     def add_stop(self, attempt_id: int, reason: str, grace: float) -> None:
         with self.lock:

@@ -141,6 +141,18 @@ def test_max_wall_time_is_enforced_as_timed_out(fake_server, run_agent, wait_for
     assert report.body["signal"] in (signal.SIGTERM, signal.SIGKILL)
 
 
+def test_the_servers_time_out_grace_wins_over_the_agents(fake_server, run_agent, wait_for) -> None:
+    """The server bills a timed-out run up to its max wall time plus the grace it sends in the start
+    (review: the agent's own --timeout-grace, 30 s, ran past what the hold could be extended to)."""
+    fake_server.add_start(52, "trap '' TERM; while :; do sleep 0.05; done", max_wall=1, timeout_grace=0.3)
+    t0 = time.monotonic()
+    run_agent(timeout_grace=30)
+    (report,) = wait_for(lambda: fake_server.exits(52), what="exit report")
+    assert 1.3 <= report.at - t0 < 5.0  # killed 0.3 s after the wall time, not 30 s
+    assert report.body["outcome"] == "timed_out"
+    assert report.body["signal"] == signal.SIGKILL
+
+
 def test_503_outage_then_recovery_delivers_the_exit_exactly_once(fake_server, run_agent, wait_for) -> None:
     fake_server.add_start(61, "sleep 0.3; exit 4")
     run_agent()

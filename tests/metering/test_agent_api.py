@@ -72,6 +72,7 @@ def test_full_protocol_round_trip(world: World, funded: Any, submit: Callable[..
             "command": "sleep 1",
             "gpu_indices": sorted(a.gpu_index for a in attempt.allocations.all()),
             "max_wall_seconds": 3600,
+            "timeout_grace_seconds": 30,
             "env": {"GPUBANK_ATTEMPT_NUMBER": "1"},
         }
     ]

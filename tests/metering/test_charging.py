@@ -263,3 +263,30 @@ def test_a_preempted_windowed_run_is_paid_for_through_its_checkpoint_grace(
                 report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="preempted"))
     settled = AuditEvent.objects.get(action="metering.attempt_settled", subject_id=str(attempt.pk))
     assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)
+
+
+def test_a_run_killed_at_its_max_wall_by_its_agent_is_paid_for_through_the_grace(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """Review: the agent kills a run at its max wall time plus the time-out grace (30 s, sent in
+    each start), but `max_cost` stopped at the max wall time (+1 % + 5 s per GPU), so a short run
+    that used its SIGTERM grace was billed past what its hold could be extended to, `unfunded`,
+    its org able to pay."""
+    from metering.reports import ExitReport, report_exit
+
+    funded(100 * MICRO)
+    mark_node_alive(world.node)
+    submit(gpus=1, max_wall_seconds=600)  # no window: the hold pays for the whole max wall time
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, 631)
+    seq = 0
+    for t in range(60, 601, 60):
+        seq += 1
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, t * 1000)])
+        charge_progress(attempt=attempt)
+    used = (600 + 30) * 1000  # SIGTERM at 600 s, SIGKILL 30 s later
+    report_exit(node=world.node, attempt_id=attempt.pk,
+                report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="timed_out", signal=9))
+    settled = AuditEvent.objects.get(action="metering.attempt_settled", subject_id=str(attempt.pk))
+    assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)

@@ -117,7 +117,7 @@ def test_an_attempt_settling_during_reconciliation_is_no_captured_mismatch(
     journal = sweeps.LedgerTransaction
 
     class SettlesOnRead:  # the early-release read comes after the usage read: the attempt settles now
-        class objects:  # noqa: N801 - stands in for the manager
+        class objects:  # stands in for the manager
             @staticmethod
             def filter(*args: Any, **kwargs: Any) -> Any:
                 _commit_on_another_connection(finish)
