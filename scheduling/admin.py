@@ -27,6 +27,7 @@ from scheduling.models import (
     Node,
     NodeCordon,
     PriorityClass,
+    PriorityGrant,
     Quota,
     SchedulerPass,
 )
@@ -299,9 +300,26 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(ViewOnlyHistoryAdmin):
-    list_display = ("name", "rank", "preemptible", "can_preempt")
+class PriorityClassAdmin(AuditedSettingAdmin):
+    audit_action = "sched.priority_class"
+    list_display = ("name", "rank", "preemptible", "can_preempt", "restricted")
     ordering = ("-rank",)
+
+
+@admin.register(PriorityGrant)
+class PriorityGrantAdmin(AuditedSettingAdmin):
+    """Which organizations may submit jobs of a restricted class (e.g. production)."""
+
+    audit_action = "sched.priority_grant"
+    list_display = ("org", "priority_class", "granted_at")
+    list_filter = ("priority_class",)
+    search_fields = ("org__slug", "org__name")
+    fields = ("org", "priority_class")
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "priority_class":
+            kwargs["queryset"] = PriorityClass.objects.filter(restricted=True).order_by("-rank")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
 @admin.register(Quota)

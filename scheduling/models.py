@@ -178,6 +178,11 @@ class PriorityClass(models.Model):
     preemptible = models.BooleanField(default=True)
     # Jobs of this class may preempt lower-class preemptible jobs.
     can_preempt = models.BooleanField(default=False)
+    # Only organizations granted it (`PriorityGrant`) may submit jobs of this class, as a Slurm
+    # association's QOS list: a class that is never preempted and preempts others is not for
+    # anyone who asks (QA: any member pinned GPUs and preempted other orgs' jobs with it).
+    restricted = models.BooleanField(
+        default=False, help_text="Only organizations granted this class may submit jobs of it.")
     history = HistoricalRecords()
 
     class Meta:
@@ -186,6 +191,23 @@ class PriorityClass(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class PriorityGrant(models.Model):
+    """An organization may submit jobs of a restricted priority class."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="priority_grants")
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.CASCADE, related_name="grants")
+    granted_at = models.DateTimeField(auto_now_add=True)
+    history = HistoricalRecords()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "priority_class"], name="priority_grant_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org} may use {self.priority_class}"
 
 
 class Quota(models.Model):

@@ -27,7 +27,7 @@ from config.errors import DomainError
 from scheduling import core
 from scheduling.core.feasibility import idle_fleet
 from scheduling.core.placement import FleetState
-from scheduling.models import GpuPrice, GpuType, Node, PriorityClass, Quota
+from scheduling.models import GpuPrice, GpuType, Node, PriorityClass, PriorityGrant, Quota
 
 MS_PER_HOUR = 3_600_000
 
@@ -85,6 +85,10 @@ class PriorityInfo:
     id: int
     name: str
     preemptible: bool
+    granted_orgs: frozenset[int] | None = None  # a restricted class: the orgs that may use it
+
+    def open_to(self, org_id: int) -> bool:
+        return self.granted_orgs is None or org_id in self.granted_orgs
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +140,7 @@ def _load() -> Catalog:
     return Catalog(
         memory_gb=dict(GpuType.objects.values_list("name", "memory_gb")),
         prices={name: (tuple(d), tuple(v)) for name, (d, v) in histories.items()},
-        priority_classes={
-            name: PriorityInfo(pk, name, preemptible)
-            for pk, name, preemptible in PriorityClass.objects.values_list("pk", "name", "preemptible")
-        },
+        priority_classes=_priority_classes(),
         regions=frozenset(Region.objects.values_list("code", flat=True)),
         fleet=idle_fleet(
             core.Node(id=pk, gpu_type=name, gpu_count=count, free_gpu_indices=frozenset(), region=region,
@@ -172,14 +173,29 @@ def catalog(*, fresh: bool = False) -> Catalog:
     return loaded
 
 
+def _priority_classes() -> dict[str, PriorityInfo]:
+    grants: dict[int, set[int]] = {}
+    for class_id, org_id in PriorityGrant.objects.values_list("priority_class_id", "org_id"):
+        grants.setdefault(class_id, set()).add(org_id)
+    return {
+        name: PriorityInfo(pk, name, preemptible, frozenset(grants.get(pk, ())) if restricted else None)
+        for pk, name, preemptible, restricted in PriorityClass.objects.values_list(
+            "pk", "name", "preemptible", "restricted")
+    }
+
+
 def catalog_knowing(*, gpu_types: Iterable[str] = (), priority_class: str = "",
-                    regions: Iterable[str] = ()) -> Catalog:
-    """The snapshot, reloaded once if it does not know a name (a row created in another process
-    within the TTL is then seen at once; only truly unknown names cost the extra reads)."""
+                    regions: Iterable[str] = (), org_id: int | None = None) -> Catalog:
+    """The snapshot, reloaded once if it does not know a name, or if `org_id` may not use the
+    restricted `priority_class` (a row created in another process within the TTL, a grant, is then
+    seen at once; only truly unknown names and refusals cost the extra reads; a revoked grant is
+    seen within the TTL)."""
     snap = catalog()
+    cls = snap.priority_classes.get(priority_class)
     if (
         any(name not in snap.memory_gb for name in gpu_types)
-        or (priority_class and priority_class not in snap.priority_classes)
+        or (priority_class and cls is None)
+        or (cls is not None and org_id is not None and not cls.open_to(org_id))
         or any(code not in snap.regions for code in regions)
     ):
         snap = catalog(fresh=True)
@@ -192,7 +208,7 @@ def clear_catalog_cache(**_kwargs: Any) -> None:
         _snapshot = None
 
 
-for _model in (GpuType, GpuPrice, PriorityClass, Region, Node, Quota):
+for _model in (GpuType, GpuPrice, PriorityClass, PriorityGrant, Region, Node, Quota):
     post_save.connect(clear_catalog_cache, sender=_model, weak=False,
                       dispatch_uid=f"catalog-save-{_model.__name__}")
     post_delete.connect(clear_catalog_cache, sender=_model, weak=False,

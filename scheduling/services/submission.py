@@ -71,8 +71,9 @@ class JobSpec:
     held: bool = False  # submitted held (Slurm's `sbatch --hold`): not scheduled until released
 
 
-def validate_spec(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
-    """Check names against the catalog snapshot (no queries unless a name is new to it)."""
+def validate_spec(spec: JobSpec, snap: Catalog, org_id: int) -> tuple[PriorityInfo, bool]:
+    """Check names against the catalog snapshot (no queries unless a name is new to it), and that
+    the submitting org may use the priority class."""
     errors: dict[str, list[str]] = {}
     if unknown := [name for name in spec.gpu_types if name not in snap.memory_gb]:
         errors["gpu_types"] = [f"Unknown GPU type {name!r}." for name in unknown]
@@ -91,6 +92,11 @@ def validate_spec(spec: JobSpec, snap: Catalog) -> tuple[PriorityInfo, bool]:
     if errors:
         raise SubmissionInvalid(errors)
     assert cls is not None
+    if not cls.open_to(org_id):
+        raise SubmissionForbidden(
+            f"Priority class {cls.name!r} is restricted to the organizations granted it, and yours "
+            "has not been: ask your platform's operators, or choose another class.", field="priority_class",
+        )
     if not preemptible and cls.preemptible:
         raise SubmissionForbidden(
             f"Priority class {cls.name!r} is preemptible; only jobs of a non-preemptible class "
@@ -208,8 +214,8 @@ def submit_job(
     if not can_submit(user, project):
         raise SubmissionForbidden(job_write_refusal(user, project, "submit"))
     snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
-                           regions=spec.regions)
-    cls, preemptible = validate_spec(spec, snap)
+                           regions=spec.regions, org_id=project.org_id)
+    cls, preemptible = validate_spec(spec, snap, project.org_id)
     types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
     check_can_ever_run(snap=snap, types=types, gpu_count=spec.gpu_count, regions=spec.regions,
                        org_id=project.org_id, project_id=project.pk)

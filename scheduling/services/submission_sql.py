@@ -87,8 +87,8 @@ def submit_job_in_sql(
         return None
     try:
         snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
-                               regions=spec.regions)
-        cls, preemptible = validate_spec(spec, snap)
+                               regions=spec.regions, org_id=project.org_id)
+        cls, preemptible = validate_spec(spec, snap, project.org_id)
         types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
         if why_never_runs(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk):
             return None  # the Python path re-checks on a fresh catalog and refuses (or accepts)

@@ -12,7 +12,7 @@ from accounts.models import OrgRole, Region
 from accounts.services import create_api_key
 from ledger.models import MICRO
 from scheduling.models import GpuPrice, GpuType, Node, NodeState, PriorityClass
-from tests.api.factories import Tenant, make_tenant
+from tests.api.factories import Tenant, grant, make_tenant
 
 # Prices per GPU-hour (micro-credits).
 H100_PRICE = 4 * MICRO
@@ -48,7 +48,8 @@ def fleet(db: Any) -> dict[str, GpuType]:
     # transaction=True tests flush the tables, including the classes a data migration created.
     for cls_name, rank, preemptible, can_preempt in PRIORITY_CLASSES:
         PriorityClass.objects.get_or_create(
-            name=cls_name, defaults={"rank": rank, "preemptible": preemptible, "can_preempt": can_preempt}
+            name=cls_name, defaults={"rank": rank, "preemptible": preemptible, "can_preempt": can_preempt,
+                                     "restricted": cls_name == "production"}  # as migration 0025
         )
     return types
 
@@ -62,7 +63,10 @@ def client_for(user: Any) -> APIClient:
 
 @pytest.fixture
 def tenant(fleet: dict[str, GpuType]) -> Tenant:
-    return make_tenant(funds=1000 * MICRO)
+    """A funded org, granted the restricted `production` class (tests of the grant make their own)."""
+    tenant = make_tenant(funds=1000 * MICRO)
+    grant(tenant.org)
+    return tenant
 
 
 @pytest.fixture

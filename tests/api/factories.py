@@ -34,6 +34,13 @@ def make_tenant(*, funds: int = 0, inflight: int = 1000, **org_fields: Any) -> T
     return Tenant(org=org, project=project, user=user, admin=admin)
 
 
+def grant(org: Organization, class_name: str = "production") -> None:
+    """Let `org` submit jobs of a restricted priority class."""
+    from scheduling.models import PriorityClass, PriorityGrant
+
+    PriorityGrant.objects.get_or_create(org=org, priority_class=PriorityClass.objects.get(name=class_name))
+
+
 def add_member(project: Project, role: str = OrgRole.MEMBER) -> Any:
     user = UserFactory()
     MembershipFactory(project=project, user=user, role=role)

@@ -21,7 +21,7 @@ from ledger.verification import verify_ledger
 from scheduling.models import GpuPrice, GpuType, Job
 from scheduling.services import submission_sql
 from tests.api.conftest import client_for
-from tests.api.factories import Tenant, add_member, make_tenant
+from tests.api.factories import Tenant, add_member, grant, make_tenant
 from tests.factories import fund
 
 pytestmark = pytest.mark.django_db
@@ -51,6 +51,7 @@ def _python_path(statements: list[str]) -> bool:
 def _rich_tenant(now: Any) -> Tenant:
     """Buckets in several spend-order positions and budgets at every level, all with room."""
     tenant = make_tenant()
+    grant(tenant.org)
     fund(tenant.org, 3 * MICRO, kind=BucketKind.PROMOTIONAL, expires_at=now + timedelta(days=2))
     fund(tenant.org, 5 * MICRO, project=tenant.project, expires_at=now + timedelta(days=30))
     fund(tenant.org, 4 * MICRO, gpu_types=("A100", "H100"))

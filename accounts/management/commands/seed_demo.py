@@ -16,7 +16,7 @@ from accounts.models import Membership, Organization, OrgMembership, OrgRole, Pr
 from config.env import env
 from ledger.models import MICRO, Bucket, BucketKind, BucketSource
 from ledger.services import issue_credits
-from scheduling.models import GpuPrice, GpuType, Node
+from scheduling.models import GpuPrice, GpuType, Node, PriorityClass, PriorityGrant
 
 GPU_TYPES = [("H100", 80, 4_000_000), ("A100", 80, 2_500_000), ("L4", 24, 800_000)]
 # name, region, gpu type, gpus, nvlink domain, ib group
@@ -41,6 +41,7 @@ class Command(BaseCommand):
             self._fleet()
             users = self._users(password)
             self._tenants(users)
+            self._grants()
         self.stdout.write(
             self.style.SUCCESS(
                 "Demo data ready.\n"
@@ -88,6 +89,13 @@ class Command(BaseCommand):
         if finance is not None:
             users["fiona"].groups.add(finance)
         return users
+
+    def _grants(self) -> None:
+        """acme may submit `production` jobs (a restricted class); globex's are refused."""
+        production = PriorityClass.objects.filter(name="production", restricted=True).first()
+        if production is not None:
+            PriorityGrant.objects.get_or_create(org=Organization.objects.get(slug="acme"),
+                                                priority_class=production)
 
     def _tenants(self, users: dict[str, Any]) -> None:
         now = timezone.now()

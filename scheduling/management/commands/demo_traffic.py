@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
 
 from accounts.models import Membership
 from config.errors import DomainError
@@ -56,10 +57,11 @@ class Command(BaseCommand):
                 command=f"sleep {seconds}",
             )
             try:
-                job = submit_job(
-                    user=member.user, project=member.project, spec=spec,
-                    idempotency_key=f"demo-{uuid.uuid4()}",
-                )
+                with transaction.atomic():  # a refusal (e.g. globex's production jobs) undoes only itself
+                    job = submit_job(
+                        user=member.user, project=member.project, spec=spec,
+                        idempotency_key=f"demo-{uuid.uuid4()}",
+                    )
                 self.stdout.write(f"submitted job {job.pk} {spec.name} for {member.project}")
                 if cls == "standard" and rng.random() < 0.3:  # a pipeline: evaluate once it completes
                     self._submit_eval(member, job.pk, rng)

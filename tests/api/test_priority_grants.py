@@ -1,0 +1,88 @@
+"""Restricted priority classes (QA): `production` is never preempted and preempts others, so only
+organizations granted it may submit jobs of it, as a Slurm association's QOS list. Any member of
+any org could pin GPUs and preempt other orgs' jobs by naming it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from ledger.models import MICRO
+from scheduling.models import Job, PriorityClass, PriorityGrant
+from scheduling.pricing import catalog
+from tests.api.conftest import client_for
+from tests.api.factories import make_tenant
+from tests.api.test_jobs_submit import nothing_written, post
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ungranted(fleet: dict[str, Any]) -> Any:
+    return make_tenant(funds=1000 * MICRO)
+
+
+def _body(tenant: Any, **overrides: Any) -> dict[str, Any]:
+    return {"project": tenant.project.pk, "name": "train", "gpu_types": ["H100"], "gpu_count": 1,
+            "max_wall_seconds": 600, "priority_class": "production", **overrides}
+
+
+def test_the_migration_restricts_production_only() -> None:
+    restricted = dict(PriorityClass.objects.values_list("name", "restricted"))
+    assert restricted.pop("production") is True
+    assert set(restricted.values()) == {False}
+
+
+@pytest.mark.parametrize("in_sql", [True, False])
+def test_an_org_not_granted_production_is_refused_and_nothing_is_written(
+    ungranted: Any, settings: Any, in_sql: bool
+) -> None:
+    settings.JOBS_SUBMIT_IN_SQL = in_sql
+    response = post(client_for(ungranted.user), _body(ungranted))
+    assert response.status_code == 403, response.json()
+    body = response.json()
+    assert body["type"] == "permission-denied"
+    assert "restricted to the organizations granted it" in body["detail"]
+    nothing_written()
+    # Other classes are open to it.
+    assert post(client_for(ungranted.user), _body(ungranted, priority_class="premium")).status_code == 201
+
+
+def test_a_grant_in_the_admin_is_audited_and_lets_the_org_submit(ungranted: Any, client: Client) -> None:
+    api = client_for(ungranted.user)
+    assert post(api, _body(ungranted)).status_code == 403
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    production = PriorityClass.objects.get(name="production")
+    added = client.post(reverse("admin:scheduling_prioritygrant_add"),
+                        {"org": ungranted.org.pk, "priority_class": production.pk})
+    assert added.status_code == 302
+    event = AuditEvent.objects.get(action="sched.priority_grant.added")
+    assert event.data["fields"]["org"] == str(ungranted.org)
+    response = post(api, _body(ungranted))
+    assert response.status_code == 201, response.json()
+    assert Job.objects.get().priority_class == production
+
+
+def test_the_admin_offers_only_restricted_classes_to_grant(client: Client) -> None:
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    page = client.get(reverse("admin:scheduling_prioritygrant_add"))
+    offered = page.context["adminform"].form.fields["priority_class"].queryset
+    assert [cls.name for cls in offered] == ["production"]
+
+
+def test_a_grant_made_by_another_process_is_seen_at_once(
+    ungranted: Any, django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    """The catalog is cached per process; a grant written elsewhere (no signal here) is read again
+    before a refusal, so the org need not wait for the cache to expire."""
+    catalog()  # warm: production is restricted and the org is not granted it
+    PriorityGrant.objects.bulk_create([PriorityGrant(  # no post_save: as if from another process
+        org=ungranted.org, priority_class=PriorityClass.objects.get(name="production"))])
+    response = post(client_for(ungranted.user), _body(ungranted))
+    assert response.status_code == 201, response.json()
