@@ -120,11 +120,15 @@ class MemberBudgetView(_BudgetView):
         return project.org, project
 
     def member(self, request: Request, project: Project | None, **kwargs: Any) -> Any:
-        if not Membership.objects.filter(project=project, user_id=kwargs["user_id"]).exists():
+        # The user by primary key first, as every route finds its object: Django answers an id
+        # beyond the column's range with no row there, where `user_id=` on the membership's
+        # foreign key sent it to the database (QA: a 500 OverflowError on SQLite for 2**63).
+        user = get_user_model().objects.filter(pk=kwargs["user_id"]).first()
+        if user is None or not Membership.objects.filter(project=project, user=user).exists():
             raise NotFound(f"User {kwargs['user_id']} is not a member of project {project.pk}; a member "
                            "budget is for one of its members (an org owner who submits jobs without "
                            "being a member is bounded by the project and org budgets).")
-        return get_user_model().objects.get(pk=kwargs["user_id"])
+        return user
 
     @extend_schema(operation_id="projects_member_budget_retrieve", **_GET)
     def get(self, request: Request, project_id: int, user_id: int) -> Response:

@@ -1,11 +1,14 @@
-"""Who may read a budget: budgets/api/views.py."""
+"""Who may read a budget, and the member route's user id: budgets/api/views.py."""
 
 import uuid
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
+from rest_framework.test import APIClient
 
 from accounts.models import OrgRole
+from budgets.models import Budget
 from budgets.services import set_budget
 from tests.api.conftest import client_for
 from tests.api.factories import Tenant, make_tenant
@@ -69,3 +72,21 @@ def test_a_member_is_not_told_who_else_is_a_member(budgeted: Tenant) -> None:
         put = member.put(url, {"period": "month", "limit": 1, "enforcement": "hard"}, format="json",
                          HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
         assert put.status_code == 403
+
+
+@pytest.mark.parametrize("user_id", [2**31, 2**63 - 1, 2**63, 2**64, 10**30])
+def test_a_user_id_beyond_any_user_is_404_on_get_and_put(budgeted: Tenant, user_id: int) -> None:
+    """QA: 2**63 and beyond was a 500 (OverflowError on SQLite; PostgreSQL refuses the value as
+    out of range for bigint). The embedded-mode test runs the same request on SQLite."""
+    admin: APIClient = client_for(budgeted.admin)
+    url = f"/api/v1/projects/{budgeted.project.pk}/members/{user_id}/budget"
+    responses: list[Any] = [
+        admin.get(url),
+        admin.put(url, {"period": "month", "limit": 1, "enforcement": "hard"}, format="json",
+                  HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex),
+    ]
+    for response in responses:
+        assert response.status_code == 404, response.content
+        assert response.json()["type"] == "not-found"
+        assert response.json()["detail"].startswith(f"User {user_id} is not a member of project")
+    assert Budget.objects.count() == 3
