@@ -40,6 +40,10 @@ start, month = timezone.now() - timedelta(days=1), timedelta(days=30)
 window = {"period": "window", "window_start": start.isoformat(), "window_end": (start + month).isoformat(),
           "limit": 10**12, "enforcement": "hard"}
 check(api.put(f"/api/v1/orgs/{acme.pk}/budget", window, format="json", HTTP_IDEMPOTENCY_KEY="b"), 200, 201)
+# QA: a user id beyond SQLite's 64-bit integers was a 500 (OverflowError) on the member budget.
+huge = f"/api/v1/projects/{project.pk}/members/{2**63}/budget"
+check(api.get(huge), 404)
+check(api.put(huge, dict(window, limit=1), format="json", HTTP_IDEMPOTENCY_KEY="huge"), 404)
 body = {"project": project.pk, "name": "smoke", "gpu_types": ["L4"], "gpu_count": 1, "gpu_memory_gb": 16,
         "max_wall_seconds": 600, "priority_class": "standard"}
 job = check(api.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY="j"), 201).json()

@@ -1,4 +1,7 @@
-"""`GET`/`PUT` budgets at org, project and member-in-project level (org owners/admins, finance)."""
+"""`GET`/`PUT` budgets at org, project and member-in-project level.
+
+Setting any budget, and reading a project's or a member's, is for org owners/admins and finance;
+the org's budget is org-wide money, read by whoever may read the org's balance (docs/api.md)."""
 
 from abc import ABC, abstractmethod
 from typing import Any
@@ -12,7 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.models import Membership, Organization, Project
-from accounts.selectors import get_visible_org, get_visible_project, require_org_manager
+from accounts.selectors import (
+    get_visible_org,
+    get_visible_project,
+    require_org_manager,
+    require_org_reader,
+)
 from budgets.api.serializers import BudgetInputSerializer, BudgetSerializer
 from budgets.models import Budget
 from budgets.selectors import current_period
@@ -30,12 +38,24 @@ class _BudgetView(GenericAPIView, ABC):
     serializer_class = BudgetSerializer
 
     @abstractmethod
-    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
-        """The (org, project, user) this route's budget belongs to, visible to the caller or 404."""
+    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None]:
+        """The (org, project) this route's budget belongs to, visible to the caller or 404."""
+
+    def member(self, request: Request, project: Project | None, **kwargs: Any) -> Any:
+        """The member of a member-in-project budget (None above that level); asked only once the
+        caller may read or set it, so a 404 here tells no one else who is a member."""
+        return None
+
+    def require_reader(self, request: Request, org: Organization) -> None:
+        """Who may read this level's budget: org owners/admins and finance, as for setting it
+        (visibility alone let a project-only member read it, QA)."""
+        require_org_manager(request.user, org)
 
     def _get(self, request: Request, **kwargs: Any) -> Response:
         no_query(request)
-        org, project, user = self.scope(request, **kwargs)
+        org, project = self.scope(request, **kwargs)
+        self.require_reader(request, org)
+        user = self.member(request, project, **kwargs)
         budget = Budget.objects.filter(org=org, project=project, user=user).first()
         if budget is None:
             raise Http404("No budget at this level.")
@@ -43,8 +63,9 @@ class _BudgetView(GenericAPIView, ABC):
 
     def _put(self, request: Request, **kwargs: Any) -> Response:
         key_of(request)
-        org, project, user = self.scope(request, **kwargs)
+        org, project = self.scope(request, **kwargs)
         require_org_manager(request.user, org)
+        user = self.member(request, project, **kwargs)
         enforce_org_limit(request, org_id=org.pk, scope="default")
         body = BudgetInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -62,8 +83,13 @@ _PUT = {"request": BudgetInputSerializer, "responses": {200: BudgetSerializer, 2
 
 
 class OrgBudgetView(_BudgetView):
-    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
-        return get_visible_org(request.user, kwargs["org_id"]), None, None
+    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None]:
+        return get_visible_org(request.user, kwargs["org_id"]), None
+
+    def require_reader(self, request: Request, org: Organization) -> None:
+        """The org's held and spent are org-wide money: what `/orgs/{id}/balance` requires (org
+        members and finance; a project-only member gets 403, QA)."""
+        require_org_reader(request.user, org)
 
     @extend_schema(operation_id="orgs_budget_retrieve", **_GET)
     def get(self, request: Request, org_id: int) -> Response:
@@ -75,9 +101,9 @@ class OrgBudgetView(_BudgetView):
 
 
 class ProjectBudgetView(_BudgetView):
-    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
+    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None]:
         project = get_visible_project(request.user, kwargs["project_id"])
-        return project.org, project, None
+        return project.org, project
 
     @extend_schema(operation_id="projects_budget_retrieve", **_GET)
     def get(self, request: Request, project_id: int) -> Response:
@@ -89,13 +115,20 @@ class ProjectBudgetView(_BudgetView):
 
 
 class MemberBudgetView(_BudgetView):
-    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None, Any]:
+    def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None]:
         project = get_visible_project(request.user, kwargs["project_id"])
-        if not Membership.objects.filter(project=project, user_id=kwargs["user_id"]).exists():
+        return project.org, project
+
+    def member(self, request: Request, project: Project | None, **kwargs: Any) -> Any:
+        # The user by primary key first, as every route finds its object: Django answers an id
+        # beyond the column's range with no row there, where `user_id=` on the membership's
+        # foreign key sent it to the database (QA: a 500 OverflowError on SQLite for 2**63).
+        user = get_user_model().objects.filter(pk=kwargs["user_id"]).first()
+        if user is None or not Membership.objects.filter(project=project, user=user).exists():
             raise NotFound(f"User {kwargs['user_id']} is not a member of project {project.pk}; a member "
                            "budget is for one of its members (an org owner who submits jobs without "
                            "being a member is bounded by the project and org budgets).")
-        return project.org, project, get_user_model().objects.get(pk=kwargs["user_id"])
+        return user
 
     @extend_schema(operation_id="projects_member_budget_retrieve", **_GET)
     def get(self, request: Request, project_id: int, user_id: int) -> Response:

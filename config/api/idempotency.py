@@ -35,6 +35,7 @@ from config.api.errors import (
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
 )
+from config.api.serializers import no_query
 from ledger.retry import RETRYABLE_SQLSTATES, sqlstate_of
 
 HEADER = "Idempotency-Key"
@@ -81,6 +82,13 @@ def principal_of(request: Request) -> str:
 
 
 def key_of(request: Request) -> str:
+    """The mutating request's Idempotency-Key: the first thing every write route asks for.
+
+    Its query comes first: a write route takes no query parameters, and one given is a 400
+    naming it, as on the GET routes, before anything is claimed or changed (QA: `POST
+    /orgs/{id}/credits?dry_run=1` issued the credits, `PUT .../budget?dry_run=1` set the budget).
+    """
+    no_query(request)
     key = request.headers.get(HEADER)
     if key is None:
         raise IdempotencyKeyMissing(f"Mutating requests need an {HEADER} header (e.g. a UUID).")

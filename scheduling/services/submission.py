@@ -81,6 +81,8 @@ def validate_spec(spec: JobSpec, snap: Catalog, org_id: int) -> tuple[PriorityIn
         errors.setdefault("gpu_types", []).append("GPU types must not repeat.")
     if missing := [code for code in spec.regions if code not in snap.regions]:
         errors["regions"] = [f"Unknown region {code!r}." for code in missing]
+    if len(set(spec.regions)) != len(spec.regions):  # QA: accepted and stored, unlike gpu_types
+        errors.setdefault("regions", []).append("Regions must not repeat.")
     cls = snap.priority_classes.get(spec.priority_class)
     preemptible = True
     if cls is None:

@@ -192,6 +192,7 @@ def test_insufficient_credits_is_402_with_needed_and_available(
         ({"priority_class": "vip"}, "priority_class"),
         ({"preemptible": "no"}, "preemptible"),
         ({"regions": ["mars"]}, "regions"),
+        ({"regions": ["eu", "us", "eu"]}, "regions"),  # QA: accepted and stored twice (201)
         ({"colour": "blue"}, "colour"),
     ],
 )
@@ -204,6 +205,22 @@ def test_invalid_bodies_are_400_and_write_nothing(
     assert body["type"] == "validation-error"
     if field:
         assert field in body["errors"]
+    nothing_written()
+
+
+@pytest.mark.parametrize("in_sql", [True, False])
+def test_repeated_regions_are_refused_like_repeated_gpu_types(
+    api: APIClient, job_body: Callable, settings: Any, in_sql: bool
+) -> None:
+    """QA: `"regions": ["eu-west", "eu-west"]` was a 201 and stored so, where repeated GPU types
+    are a 400; both submission paths (one statement, Python) now refuse it the same way."""
+    settings.JOBS_SUBMIT_IN_SQL = in_sql
+    response = post(api, job_body(regions=["us", "us"]))
+    assert response.status_code == 400, response.json()
+    assert response.json()["errors"] == {"regions": ["Regions must not repeat."]}
+    both = post(api, job_body(regions=["eu", "eu"], gpu_types=["H100", "H100"]))
+    assert both.json()["errors"] == {"gpu_types": ["GPU types must not repeat."],
+                                     "regions": ["Regions must not repeat."]}
     nothing_written()
 
 

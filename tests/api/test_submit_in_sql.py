@@ -228,6 +228,9 @@ def test_invalid_and_forbidden_requests_take_the_python_path(fleet: dict[str, Gp
     api = client_for(tenant.user)
     response, statements = _post(api, _body(tenant, gpu_types=["H100", "H100"]))
     assert response.status_code == 400 and not _in_sql(statements)
+    response, statements = _post(api, _body(tenant, regions=["eu", "eu"]))  # QA: was 201
+    assert response.status_code == 400 and not _in_sql(statements)
+    assert response.json()["errors"] == {"regions": ["Regions must not repeat."]}
     viewer = add_member(tenant.project, role=OrgRole.VIEWER)
     response, statements = _post(client_for(viewer), _body(tenant))
     assert response.status_code == 403 and not _in_sql(statements) and not _python_path(statements)

@@ -10,14 +10,17 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from budgets.admin import HOW_TO_SET
 from budgets.models import Budget
 from budgets.services import record_capture, reserve_budgets, set_budget
 from config.clock import db_now
-from ledger.services import place_hold
+from ledger.services import capture, place_hold
+from tests.api.conftest import client_for
 from tests.api.factories import make_tenant
 from tests.factories import UserFactory
 
@@ -81,3 +84,41 @@ def test_budgets_are_not_written_through_the_admin(finance: Client) -> None:
     staff = Client()
     staff.force_login(UserFactory(is_staff=True))
     assert staff.get(reverse("admin:budgets_budget_changelist")).status_code == 403  # no view permission
+
+
+def test_a_redefined_budget_shows_the_current_definitions_period(finance: Client) -> None:
+    """QA: after a month budget became a window, the list showed the old month's row (it still
+    spans now): held 0 and the month's spent, where the API showed the window's figures."""
+    tenant = make_tenant(funds=10_000)
+    now = db_now()
+    budget, _ = set_budget(org=tenant.org, period="month", limit=5_000, enforcement="hard")
+    hold = place_hold(org=tenant.org, amount=1_000, key="h", project=tenant.project, user=tenant.user)
+    reserve_budgets(hold=hold, org=tenant.org, project=tenant.project, user=tenant.user, amount=1_000)
+    record_capture(hold=hold, amount=400)  # as metering charges: budgets, then the ledger
+    capture(hold=hold, amount=400, key="c")
+    # After the month began, so the month's row, which keeps its spent, still spans now too.
+    set_budget(org=tenant.org, period="window", limit=5_000, enforcement="hard",
+               window_start=now - timedelta(seconds=1), window_end=now + timedelta(days=1))
+    assert budget.periods.filter(starts_at__lte=now, ends_at__gt=now).count() == 2
+
+    api = client_for(tenant.admin).get(f"/api/v1/orgs/{tenant.org.pk}/budget").json()["current_period"]
+    assert (api["held"], api["spent"], api["remaining"]) == (600, 400, 4_000)
+    page = finance.get(reverse("admin:budgets_budget_changelist")).content.decode()
+    assert _column(page, "held_now") == ["600"]
+    assert _column(page, "spent_now") == ["400"]
+    assert _column(page, "remaining_now") == ["4000"]
+
+
+def test_the_list_reads_the_current_periods_in_one_query(finance: Client) -> None:
+    """The current figures cost one query for the page, not one (or three) per budget."""
+    def queries(tenants: int) -> int:
+        for _ in range(tenants):
+            tenant = make_tenant()
+            set_budget(org=tenant.org, period="month", limit=5_000, enforcement="hard")
+            set_budget(org=tenant.org, project=tenant.project, period="month", limit=4_000,
+                       enforcement="soft")
+        with CaptureQueriesContext(connection) as captured:
+            assert finance.get(reverse("admin:budgets_budget_changelist")).status_code == 200
+        return len(captured.captured_queries)
+
+    assert queries(1) == queries(3)  # 2 budgets on the page, then 8
