@@ -101,7 +101,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return  # keys are immutable; revoke and create a new one instead
         key, raw = create_api_key(
             user=form.cleaned_data["user"], name=form.cleaned_data["name"],
-            expires_at=form.cleaned_data.get("expires_at"),
+            expires_at=form.cleaned_data.get("expires_at"), actor=request.user,
         )
         obj.pk, obj.prefix, obj.key_hash, obj.created_at = key.pk, key.prefix, key.key_hash, key.created_at
         messages.warning(
@@ -110,6 +110,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Revoking is audited and keeps the row (its prefix, owner and dates) for the trail; a
+        # delete would erase both silently (QA: deleting a key wrote no event). Like prices in
+        # effect and the ledger's rows, keys are never deleted here: revoke them.
+        return False
 
     @admin.action(description="Revoke selected API keys")
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

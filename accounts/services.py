@@ -41,8 +41,14 @@ def _actor(actor: Any) -> dict[str, str]:
 
 
 @transaction.atomic
-def create_api_key(*, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """Create a key for `user`; the raw key is returned once and never stored (only its hash)."""
+def create_api_key(
+    *, user: Any, name: str, expires_at: datetime | None = None, actor: Any = None
+) -> tuple[ApiKey, str]:
+    """Create a key for `user`; the raw key is returned once and never stored (only its hash).
+
+    `actor` is who created it (the admin's user; None: the system, e.g. `manage.py create_api_key`),
+    which is not always the key's owner (QA: an admin's key for a user was audited as the user's).
+    """
     if not name or len(name) > 100:
         raise AccountsError("An API key needs a name of 1-100 characters.", field="name")
     if expires_at is not None and expires_at <= timezone.now():
@@ -52,7 +58,7 @@ def create_api_key(*, user: Any, name: str, expires_at: datetime | None = None) 
         user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at
     )
     record(action="accounts.api_key.create", subject_type="api_key", subject_id=key.pk,
-           actor_type="user", actor_id=str(user.pk), data={"name": name, "prefix": prefix})
+           data={"name": name, "prefix": prefix, "user": user.pk}, **_actor(actor))
     return key, raw
 
 

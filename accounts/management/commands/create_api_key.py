@@ -34,7 +34,8 @@ class Command(BaseCommand):
                                "that never expires).")
         expires_at = timezone.now() + timedelta(days=days) if days is not None else None
         try:
-            _key, raw = create_api_key(user=user, name=options["name"], expires_at=expires_at)
+            # No actor: whoever runs the shell has no account here, so the event's actor is the system.
+            _key, raw = create_api_key(user=user, name=options["name"], expires_at=expires_at, actor=None)
         except AccountsError as error:  # e.g. a name over 100 characters
             raise CommandError(error.detail) from None
         self.stdout.write(raw)
