@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.models import ApiKey, Membership, Organization, OrgMembership, Project, Region
-from accounts.services import create_api_key, revoke_api_key
+from accounts.services import AccountsError, check_api_key_terms, create_api_key, revoke_api_key
 from config.history_admin import ViewOnlyHistoryAdmin
 
 
@@ -73,6 +73,18 @@ class ApiKeyCreateForm(forms.ModelForm):
     class Meta:
         model = ApiKey
         fields = ("user", "name", "expires_at")
+
+    def clean(self) -> dict[str, Any]:
+        # save_model cannot show an error: what the service would refuse is refused here, on
+        # its field, by the service's own rules (QA: a past expiry was a 500 from save_model).
+        cleaned = super().clean()
+        if "name" in cleaned and "expires_at" in cleaned:
+            try:
+                check_api_key_terms(name=cleaned["name"], expires_at=cleaned["expires_at"])
+            except AccountsError as error:
+                field = error.extra.get("field")
+                self.add_error(field if field in self.fields else None, error.detail)
+        return cleaned
 
 
 @admin.register(ApiKey)

@@ -40,6 +40,15 @@ def _actor(actor: Any) -> dict[str, str]:
     return {"actor_type": "user", "actor_id": str(actor.pk)}
 
 
+def check_api_key_terms(*, name: str, expires_at: datetime | None) -> None:
+    """The rules `create_api_key` applies, for forms to show as field errors before calling it
+    (QA: the admin's Add with a past expiry was a 500)."""
+    if not name or len(name) > 100:
+        raise AccountsError("An API key needs a name of 1-100 characters.", field="name")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise AccountsError("The expiry must be in the future.", field="expires_at")
+
+
 @transaction.atomic
 def create_api_key(
     *, user: Any, name: str, expires_at: datetime | None = None, actor: Any = None
@@ -49,10 +58,7 @@ def create_api_key(
     `actor` is who created it (the admin's user; None: the system, e.g. `manage.py create_api_key`),
     which is not always the key's owner (QA: an admin's key for a user was audited as the user's).
     """
-    if not name or len(name) > 100:
-        raise AccountsError("An API key needs a name of 1-100 characters.", field="name")
-    if expires_at is not None and expires_at <= timezone.now():
-        raise AccountsError("The expiry must be in the future.", field="expires_at")
+    check_api_key_terms(name=name, expires_at=expires_at)
     raw, prefix = new_key()
     key = ApiKey.objects.create(
         user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at

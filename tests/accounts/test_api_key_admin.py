@@ -3,6 +3,7 @@ refused with a field error for a past expiry, never deleted (revoking is the aud
 
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import ApiKey
 from accounts.services import create_api_key
@@ -69,3 +71,26 @@ def test_keys_cannot_be_deleted_in_the_admin_only_revoked(staff: Client) -> None
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert AuditEvent.objects.filter(action="accounts.api_key.revoke", subject_id=str(key.pk)).exists()
+
+
+@pytest.mark.parametrize("when", [timedelta(days=-1), timedelta(seconds=-1)])
+def test_a_past_expiry_is_a_field_error_not_a_500(staff: Client, when: timedelta) -> None:
+    """QA: Add with an expiry in the past raised AccountsError in save_model (a 500)."""
+    owner = UserFactory()
+    past = timezone.localtime(timezone.now() + when)
+    response = staff.post(reverse(ADD), {"user": owner.pk, "name": "ci",
+                                         "expires_at_0": past.strftime("%Y-%m-%d"),
+                                         "expires_at_1": past.strftime("%H:%M:%S")})
+    assert response.status_code == 200  # the form again, nothing saved
+    assert response.context["adminform"].form.errors == {"expires_at": ["The expiry must be in the future."]}
+    assert not ApiKey.objects.filter(user=owner).exists()
+
+
+def test_a_future_expiry_is_saved(staff: Client) -> None:
+    owner = UserFactory()
+    later = timezone.localtime(timezone.now() + timedelta(days=30))
+    response = staff.post(reverse(ADD), {"user": owner.pk, "name": "ci",
+                                         "expires_at_0": later.strftime("%Y-%m-%d"),
+                                         "expires_at_1": later.strftime("%H:%M:%S")})
+    assert response.status_code == 302
+    assert ApiKey.objects.get(user=owner).expires_at.date() == later.date()
