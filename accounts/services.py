@@ -17,9 +17,13 @@ from accounts.models import (
     Project,
     Region,
 )
+from accounts.selectors import org_people
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
+
+# Also for a user outside the org: the same words, so nobody learns who exists elsewhere.
+NO_SUCH_USER = "No such active user."
 
 
 class AccountsError(DomainError):
@@ -124,9 +128,13 @@ def create_project(*, org: Organization, name: str, slug: str, actor: Any = None
 def add_project_member(
     *, project: Project, user: Any, role: str = OrgRole.MEMBER, actor: Any = None
 ) -> tuple[Membership, bool]:
-    """Add `user` to `project` (or change their role). Returns (membership, created)."""
+    """Add `user`, who must already belong to the project's org (`org_people`), to `project`
+    (or change their role). Returns (membership, created)."""
     if role not in OrgRole.values:
         raise AccountsError(f"Unknown role {role!r}.", field="role")
+    if not org_people(project.org_id).filter(pk=user.pk).exists():
+        # Joining an org is the admin's (or the org's creation); projects take its people only.
+        raise AccountsError(NO_SUCH_USER, field="user")
     membership, created = Membership.objects.select_for_update().get_or_create(
         project=project, user=user, defaults={"role": role}
     )

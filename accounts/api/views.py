@@ -121,7 +121,7 @@ class ProjectMembersView(GenericAPIView):
         project = get_visible_project(request.user, project_id)
         require_org_manager(request.user, project.org)
         enforce_org_limit(request, org_id=project.org_id, scope="default")
-        body = MemberAddSerializer(data=request.data)
+        body = MemberAddSerializer(data=request.data, context={"org_id": project.org_id})
         body.is_valid(raise_exception=True)
         user, role = body.validated_data["user_obj"], body.validated_data["role"]
 

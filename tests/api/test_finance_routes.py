@@ -9,12 +9,12 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from accounts.models import Membership, OrgMembership
+from accounts.models import Membership, Organization, OrgMembership
 from budgets.models import Budget
 from ledger.models import MICRO, Bucket
 from tests.api.conftest import H100_PRICE, client_for
 from tests.api.factories import Tenant
-from tests.factories import UserFactory
+from tests.factories import OrgMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -42,6 +42,8 @@ def test_finance_creates_org_with_owner_then_owner_builds_it(finance: APIClient,
     project = send(owner_api, "post", f"/api/v1/orgs/{org_id}/projects", {"name": "LLM", "slug": "llm"})
     assert project.status_code == 201
     member = UserFactory()
+    # Joining the org is the admin's (an org membership); the API adds the org's people to projects.
+    OrgMembershipFactory(org=Organization.objects.get(pk=org_id), user=member, role="viewer")
     added = send(owner_api, "post", f"/api/v1/projects/{project.json()['id']}/members",
                  {"username": member.username, "role": "member"})
     assert added.status_code == 201 and added.json()["user"] == member.pk
