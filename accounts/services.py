@@ -129,21 +129,33 @@ def add_project_member(
     *, project: Project, user: Any, role: str = OrgRole.MEMBER, actor: Any = None
 ) -> tuple[Membership, bool]:
     """Add `user`, who must already belong to the project's org (`org_people`), to `project`
-    (or change their role). Returns (membership, created)."""
+    (or change their role). Returns (membership, created); `membership.unchanged` is True when
+    they already had that role: nothing was written and no event recorded."""
     if role not in OrgRole.values:
         raise AccountsError(f"Unknown role {role!r}.", field="role")
     if not org_people(project.org_id).filter(pk=user.pk).exists():
         # Joining an org is the admin's (or the org's creation); projects take its people only.
         raise AccountsError(NO_SUCH_USER, field="user")
+    # The row is read locked (FOR UPDATE), and a concurrent add that inserted it first is read
+    # locked after its commit (get_or_create's retry on the unique constraint), so the role is
+    # compared and changed under the lock: of concurrent adds one adds and each later one changes
+    # the role it found, or nothing.
     membership, created = Membership.objects.select_for_update().get_or_create(
         project=project, user=user, defaults={"role": role}
     )
-    if not created and membership.role != role:
+    data = {"project": project.pk, "user": user.pk, "role": role}
+    # QA: adding someone again with the role they had wrote an `accounts.member.role` event each
+    # time (six concurrent adds: one `add` and five `role`); now nothing is written.
+    membership.unchanged = not created and membership.role == role
+    if created:
+        record(action="accounts.member.add", subject_type="membership", subject_id=membership.pk,
+               org_id=project.org_id, data=data, **_actor(actor))
+    elif not membership.unchanged:
+        previous = membership.role
         Membership.objects.filter(pk=membership.pk).update(role=role)
         membership.role = role
-    record(action="accounts.member.add" if created else "accounts.member.role",
-           subject_type="membership", subject_id=membership.pk, org_id=project.org_id,
-           data={"project": project.pk, "user": user.pk, "role": role}, **_actor(actor))
+        record(action="accounts.member.role", subject_type="membership", subject_id=membership.pk,
+               org_id=project.org_id, data={**data, "previous_role": previous}, **_actor(actor))
     return membership, created
 
 

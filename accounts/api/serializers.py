@@ -85,8 +85,13 @@ class MembershipSerializer(serializers.ModelSerializer):
     project = serializers.IntegerField(source="project_id", read_only=True)
     user = serializers.IntegerField(source="user_id", read_only=True)
     username = serializers.CharField(source="user.username", read_only=True)
+    unchanged = serializers.SerializerMethodField(
+        help_text="True (with status 200) when the user already had this role: nothing changed.")
 
     class Meta:
         model = Membership
-        fields = ["id", "project", "user", "username", "role"]
+        fields = ["id", "project", "user", "username", "role", "unchanged"]
         read_only_fields = fields
+
+    def get_unchanged(self, membership: Membership) -> bool:
+        return bool(getattr(membership, "unchanged", False))

@@ -1,7 +1,9 @@
 """POST /projects/{id}/members: only people of the project's org can be added, and adding someone
 again with the role they have changes nothing and writes no event."""
 
+import itertools
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -9,6 +11,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import Membership, OrgRole
 from accounts.services import AccountsError, add_project_member
+from audit.models import AuditEvent
+from tests.api.concurrency import run_concurrently
 from tests.api.conftest import client_for
 from tests.api.factories import Tenant, make_tenant
 from tests.factories import OrgMembershipFactory, ProjectFactory, UserFactory
@@ -71,3 +75,65 @@ def test_the_service_refuses_someone_outside_the_org(tenant: Tenant) -> None:
     with pytest.raises(AccountsError, match="No such active user"):
         add_project_member(project=tenant.project, user=stranger, actor=tenant.admin)
     assert not Membership.objects.filter(user=stranger, project=tenant.project).exists()
+
+
+def _events(membership: Membership) -> list[tuple[str, dict[str, Any]]]:
+    rows = AuditEvent.objects.filter(subject_type="membership", subject_id=str(membership.pk)).order_by("seq")
+    return [(e.action, e.data) for e in rows]
+
+
+def test_adding_again_with_the_same_role_changes_nothing(tenant: Tenant) -> None:
+    """QA: each repeated add answered 200 and wrote an `accounts.member.role` event though nothing
+    changed; the role event did not say what the role had been."""
+    newcomer = UserFactory()
+    OrgMembershipFactory(org=tenant.org, user=newcomer)
+    admin, p, u = client_for(tenant.admin), tenant.project.pk, newcomer.pk
+
+    def outcome(role: str) -> tuple[int, str, bool | None]:
+        response = add(admin, p, {"user": u, "role": role})
+        return response.status_code, response.json()["role"], response.json().get("unchanged")
+
+    assert outcome("member") == (201, "member", False)
+    assert outcome("member") == (200, "member", True)
+    assert outcome("viewer") == (200, "viewer", False)
+    assert outcome("viewer") == (200, "viewer", True)
+    membership = Membership.objects.get(project=tenant.project, user=newcomer)
+    assert _events(membership) == [
+        ("accounts.member.add", {"project": p, "user": u, "role": "member"}),
+        ("accounts.member.role", {"project": p, "user": u, "role": "viewer", "previous_role": "member"}),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_adds_write_one_event_per_change(fleet: dict) -> None:
+    """QA: six concurrent adds with one role wrote one `add` and five `role` events. Real threads:
+    one adds, the others find the role unchanged; with two roles racing, each `role` event starts
+    from the role the one before it left."""
+    tenant = make_tenant()
+    admin = client_for(tenant.admin)
+    same, mixed = UserFactory(), UserFactory()
+    for user in (same, mixed):
+        OrgMembershipFactory(org=tenant.org, user=user)
+
+    def call(user: Any, role: str) -> Callable[[], tuple[int, bool | None]]:
+        def post() -> tuple[int, bool | None]:
+            response = add(admin, tenant.project.pk, {"user": user.pk, "role": role})
+            return response.status_code, response.json().get("unchanged")
+        return post
+
+    results = run_concurrently([call(same, "member") for _ in range(6)])
+    assert [action for action, _ in _events(Membership.objects.get(user=same))] == ["accounts.member.add"]
+    assert sorted(results) == [(200, True)] * 5 + [(201, False)]
+
+    roles = ["member", "viewer", "admin"] * 4
+    results = run_concurrently([call(mixed, role) for role in roles])
+    assert sorted(status for status, _ in results) == [200] * 11 + [201]
+    membership = Membership.objects.get(user=mixed)
+    events = _events(membership)
+    assert events[0][0] == "accounts.member.add"
+    assert len(events) == 1 + sum(status == 200 and not unchanged for status, unchanged in results)
+    for (_, before), (action, after) in itertools.pairwise(events):
+        assert action == "accounts.member.role"
+        assert after["previous_role"] == before["role"] != after["role"]
+    assert events[-1][1]["role"] == membership.role
