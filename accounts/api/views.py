@@ -3,7 +3,6 @@
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
@@ -62,7 +61,9 @@ class OrgListCreateView(GenericAPIView):
         if "owner" in data:
             owner = get_user_model().objects.filter(username=data["owner"], is_active=True).first()
             if owner is None:
-                raise Http404("No such active user to make owner.")
+                # A field of the body, not the route's object: 400 naming it (QA: an Http404 here
+                # was answered "Not found." and the message lost).
+                raise ValidationError({"owner": ["No such active user to make owner."]})
             data["owner"] = owner
 
         def effect() -> tuple[int, Any]:
