@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.models import ApiKey, Membership, Organization, OrgMembership, Project, Region
-from accounts.services import create_api_key, revoke_api_key
+from accounts.services import AccountsError, check_api_key_terms, create_api_key, revoke_api_key
 from config.history_admin import ViewOnlyHistoryAdmin
 
 
@@ -74,6 +74,18 @@ class ApiKeyCreateForm(forms.ModelForm):
         model = ApiKey
         fields = ("user", "name", "expires_at")
 
+    def clean(self) -> dict[str, Any]:
+        # save_model cannot show an error: what the service would refuse is refused here, on
+        # its field, by the service's own rules (QA: a past expiry was a 500 from save_model).
+        cleaned = super().clean()
+        if "name" in cleaned and "expires_at" in cleaned:
+            try:
+                check_api_key_terms(name=cleaned["name"], expires_at=cleaned["expires_at"])
+            except AccountsError as error:
+                field = error.extra.get("field")
+                self.add_error(field if field in self.fields else None, error.detail)
+        return cleaned
+
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
@@ -101,7 +113,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return  # keys are immutable; revoke and create a new one instead
         key, raw = create_api_key(
             user=form.cleaned_data["user"], name=form.cleaned_data["name"],
-            expires_at=form.cleaned_data.get("expires_at"),
+            expires_at=form.cleaned_data.get("expires_at"), actor=request.user,
         )
         obj.pk, obj.prefix, obj.key_hash, obj.created_at = key.pk, key.prefix, key.key_hash, key.created_at
         messages.warning(
@@ -110,6 +122,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Revoking is audited and keeps the row (its prefix, owner and dates) for the trail; a
+        # delete would erase both silently (QA: deleting a key wrote no event). Like prices in
+        # effect and the ledger's rows, keys are never deleted here: revoke them.
+        return False
 
     @admin.action(description="Revoke selected API keys")
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

@@ -10,10 +10,12 @@ object exists); 403 is reserved for callers who may see an object but not change
 """
 
 from functools import cache
+from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
@@ -48,6 +50,17 @@ def visible_projects(user: AnyUser) -> QuerySet[Project]:
     if is_finance(user):
         return Project.objects.all()
     return Project.objects.filter(Q(org__memberships__user=user) | Q(memberships__user=user)).distinct()
+
+
+def org_people(org_id: int) -> QuerySet[Any]:
+    """Active users who already belong to the org: an org membership or a membership of one of
+    its projects. Only they can be added to its projects by the API (QA: an org owner could look
+    up and add any user of the platform, and learn other orgs' usernames); a newcomer joins an org
+    through the admin (an org membership, or a project membership) or as the owner it is created with."""
+    return get_user_model().objects.filter(is_active=True).filter(
+        Exists(OrgMembership.objects.filter(org_id=org_id, user=OuterRef("pk")))
+        | Exists(Membership.objects.filter(project__org_id=org_id, user=OuterRef("pk")))
+    )
 
 
 def org_role(user: AnyUser, org_id: int) -> str | None:

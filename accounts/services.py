@@ -17,9 +17,13 @@ from accounts.models import (
     Project,
     Region,
 )
+from accounts.selectors import org_people
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
+
+# Also for a user outside the org: the same words, so nobody learns who exists elsewhere.
+NO_SUCH_USER = "No such active user."
 
 
 class AccountsError(DomainError):
@@ -40,19 +44,31 @@ def _actor(actor: Any) -> dict[str, str]:
     return {"actor_type": "user", "actor_id": str(actor.pk)}
 
 
-@transaction.atomic
-def create_api_key(*, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """Create a key for `user`; the raw key is returned once and never stored (only its hash)."""
+def check_api_key_terms(*, name: str, expires_at: datetime | None) -> None:
+    """The rules `create_api_key` applies, for forms to show as field errors before calling it
+    (QA: the admin's Add with a past expiry was a 500)."""
     if not name or len(name) > 100:
         raise AccountsError("An API key needs a name of 1-100 characters.", field="name")
     if expires_at is not None and expires_at <= timezone.now():
         raise AccountsError("The expiry must be in the future.", field="expires_at")
+
+
+@transaction.atomic
+def create_api_key(
+    *, user: Any, name: str, expires_at: datetime | None = None, actor: Any = None
+) -> tuple[ApiKey, str]:
+    """Create a key for `user`; the raw key is returned once and never stored (only its hash).
+
+    `actor` is who created it (the admin's user; None: the system, e.g. `manage.py create_api_key`),
+    which is not always the key's owner (QA: an admin's key for a user was audited as the user's).
+    """
+    check_api_key_terms(name=name, expires_at=expires_at)
     raw, prefix = new_key()
     key = ApiKey.objects.create(
         user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at
     )
     record(action="accounts.api_key.create", subject_type="api_key", subject_id=key.pk,
-           actor_type="user", actor_id=str(user.pk), data={"name": name, "prefix": prefix})
+           data={"name": name, "prefix": prefix, "user": user.pk}, **_actor(actor))
     return key, raw
 
 
@@ -112,18 +128,34 @@ def create_project(*, org: Organization, name: str, slug: str, actor: Any = None
 def add_project_member(
     *, project: Project, user: Any, role: str = OrgRole.MEMBER, actor: Any = None
 ) -> tuple[Membership, bool]:
-    """Add `user` to `project` (or change their role). Returns (membership, created)."""
+    """Add `user`, who must already belong to the project's org (`org_people`), to `project`
+    (or change their role). Returns (membership, created); `membership.unchanged` is True when
+    they already had that role: nothing was written and no event recorded."""
     if role not in OrgRole.values:
         raise AccountsError(f"Unknown role {role!r}.", field="role")
+    if not org_people(project.org_id).filter(pk=user.pk).exists():
+        # Joining an org is the admin's (or the org's creation); projects take its people only.
+        raise AccountsError(NO_SUCH_USER, field="user")
+    # The row is read locked (FOR UPDATE), and a concurrent add that inserted it first is read
+    # locked after its commit (get_or_create's retry on the unique constraint), so the role is
+    # compared and changed under the lock: of concurrent adds one adds and each later one changes
+    # the role it found, or nothing.
     membership, created = Membership.objects.select_for_update().get_or_create(
         project=project, user=user, defaults={"role": role}
     )
-    if not created and membership.role != role:
+    data = {"project": project.pk, "user": user.pk, "role": role}
+    # QA: adding someone again with the role they had wrote an `accounts.member.role` event each
+    # time (six concurrent adds: one `add` and five `role`); now nothing is written.
+    membership.unchanged = not created and membership.role == role
+    if created:
+        record(action="accounts.member.add", subject_type="membership", subject_id=membership.pk,
+               org_id=project.org_id, data=data, **_actor(actor))
+    elif not membership.unchanged:
+        previous = membership.role
         Membership.objects.filter(pk=membership.pk).update(role=role)
         membership.role = role
-    record(action="accounts.member.add" if created else "accounts.member.role",
-           subject_type="membership", subject_id=membership.pk, org_id=project.org_id,
-           data={"project": project.pk, "user": user.pk, "role": role}, **_actor(actor))
+        record(action="accounts.member.role", subject_type="membership", subject_id=membership.pk,
+               org_id=project.org_id, data={**data, "previous_role": previous}, **_actor(actor))
     return membership, created
 
 

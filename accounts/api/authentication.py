@@ -166,7 +166,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         scheme, _, raw = header.partition(" ")
-        if scheme != self.keyword:
+        # The scheme is case-insensitive (RFC 7235 §2.1; QA: `bearer <key>` was answered
+        # "credentials were not provided").
+        if scheme.lower() != self.keyword.lower():
             return None
         raw = raw.strip()
         prefix = parse_prefix(raw)

@@ -1,9 +1,10 @@
 """Organizations, projects and memberships: strict inputs, flat outputs."""
 
-from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from accounts.models import MIN_HOLD_WINDOW_SECONDS, Membership, Organization, OrgRole, Project
+from accounts.selectors import org_people
+from accounts.services import NO_SUCH_USER
 from config.api.serializers import StrictCharField, StrictIntegerField, StrictSerializer
 
 SLUG_RE = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
@@ -58,18 +59,24 @@ class ProjectSerializer(serializers.ModelSerializer):
 
 
 class MemberAddSerializer(StrictSerializer):
-    user = StrictIntegerField(required=False, min_value=1, max_value=2**53, help_text="User id.")
-    username = StrictCharField(required=False, min_length=1, max_length=150)
+    """Needs `context["org_id"]`: the project's org, whose people are the only ones found."""
+
+    user = StrictIntegerField(required=False, min_value=1, max_value=2**53,
+                              help_text="User id of someone who already belongs to the project's org.")
+    username = StrictCharField(required=False, min_length=1, max_length=150,
+                               help_text="Username of someone who already belongs to the project's org.")
     role = serializers.ChoiceField(choices=OrgRole.choices, default=OrgRole.MEMBER)
 
     def validate(self, attrs: dict) -> dict:
         if ("user" in attrs) == ("username" in attrs):
             raise serializers.ValidationError({"user": ["Give exactly one of user or username."]})
-        users = get_user_model().objects.filter(is_active=True)
+        # A user outside the org is answered like an unknown one, so the route reveals no
+        # usernames or ids of other orgs (QA).
+        users = org_people(self.context["org_id"])
         found = (users.filter(pk=attrs["user"]) if "user" in attrs
                  else users.filter(username=attrs["username"])).first()
         if found is None:
-            raise serializers.ValidationError({"user": ["No such active user."]})
+            raise serializers.ValidationError({"user": [NO_SUCH_USER]})
         attrs["user_obj"] = found
         return attrs
 
@@ -78,8 +85,13 @@ class MembershipSerializer(serializers.ModelSerializer):
     project = serializers.IntegerField(source="project_id", read_only=True)
     user = serializers.IntegerField(source="user_id", read_only=True)
     username = serializers.CharField(source="user.username", read_only=True)
+    unchanged = serializers.SerializerMethodField(
+        help_text="True (with status 200) when the user already had this role: nothing changed.")
 
     class Meta:
         model = Membership
-        fields = ["id", "project", "user", "username", "role"]
+        fields = ["id", "project", "user", "username", "role", "unchanged"]
         read_only_fields = fields
+
+    def get_unchanged(self, membership: Membership) -> bool:
+        return bool(getattr(membership, "unchanged", False))

@@ -22,7 +22,7 @@ def is_bearer_api_call(request: HttpRequest) -> bool:
     if not request.path_info.startswith(API_PREFIX):
         return False
     header = request.META.get("HTTP_AUTHORIZATION", "")
-    return header.partition(" ")[0] == "Bearer"
+    return header.partition(" ")[0].lower() == "bearer"  # any case, as ApiKeyAuthentication reads it
 
 
 async def _anonymous() -> AnonymousUser:

@@ -17,6 +17,7 @@ from accounts.selectors import (
     get_visible_project,
     require_finance,
     require_org_reader,
+    visible_projects,
 )
 from config.api.idempotency import key_of, run_idempotent
 from config.api.ratelimit import enforce_org_limit
@@ -146,7 +147,10 @@ class OrgCreditsView(GenericAPIView):
         data = dict(body.validated_data)
         project = None
         if "project" in data:
-            project = get_visible_project(request.user, data.pop("project"))
+            # A field of the body: an unknown project is a 400 naming it, not the route's 404 (QA).
+            project = visible_projects(request.user).filter(pk=data.pop("project")).first()
+            if project is None:
+                raise ValidationError({"project": ["No such project."]})
 
         def effect() -> tuple[int, Any]:
             bucket = issue_credits(org=org, project=project, actor=request.user, **data)

