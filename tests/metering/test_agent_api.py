@@ -36,6 +36,13 @@ def test_bad_or_rotated_tokens_are_refused(world: World) -> None:
     assert agent(new).get(f"{PREFIX}/assignments").status_code == 200
 
 
+def test_the_bearer_scheme_of_a_node_token_is_case_insensitive(world: World) -> None:
+    """RFC 7235: as for API keys (QA found `bearer <key>` refused there)."""
+    for scheme in ("bearer", "BEARER"):
+        client = Client(headers={"Authorization": f"{scheme} {world.token}"})
+        assert client.get(f"{PREFIX}/assignments").status_code == 200
+
+
 def test_register_checks_inventory_and_marks_node_ready(world: World) -> None:
     Node.objects.filter(pk=world.node.pk).update(state=NodeState.DOWN)
     wrong = [{**g, "model": "A100"} for g in GPUS]
