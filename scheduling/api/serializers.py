@@ -383,6 +383,22 @@ class GpuTypesSerializer(serializers.Serializer):
     gpu_types = GpuTypeSerializer(many=True)
 
 
+class PriorityClassSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    rank = serializers.IntegerField(help_text="Higher runs first; a class is one step of priority.")
+    preemptible = serializers.BooleanField(
+        help_text="The default of a job's `preemptible` (a job of a preemptible class may not opt out).")
+    can_preempt = serializers.BooleanField(help_text="Its jobs may preempt lower-class preemptible jobs.")
+    restricted = serializers.BooleanField(help_text="Only organizations granted it may submit jobs of it.")
+    your_orgs = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="The organizations you belong to whose jobs may use it (all of them unless restricted).")
+
+
+class PriorityClassesSerializer(serializers.Serializer):
+    priority_classes = PriorityClassSerializer(many=True)
+
+
 class QuotaStatusSerializer(serializers.Serializer):
     """A concurrent-GPU quota and its use now (Kueue's ClusterQueue status)."""
 

@@ -1,4 +1,5 @@
-"""`/api/v1/jobs` routes, the fair-share and quota reports, and the GPU types on offer."""
+"""`/api/v1/jobs` routes, the fair-share and quota reports, the GPU types on offer and the priority
+classes."""
 
 from django.urls import path
 
@@ -12,6 +13,7 @@ from scheduling.api.views import (
     JobReleaseView,
     OrgFairShareView,
     OrgQuotasView,
+    PriorityClassesView,
 )
 
 urlpatterns = [
@@ -24,4 +26,5 @@ urlpatterns = [
     path("orgs/<int:org_id>/fair-share", OrgFairShareView.as_view(), name="org-fair-share"),
     path("orgs/<int:org_id>/quotas", OrgQuotasView.as_view(), name="org-quotas"),
     path("gpu-types", GpuTypesView.as_view(), name="gpu-types"),
+    path("priority-classes", PriorityClassesView.as_view(), name="priority-classes"),
 ]

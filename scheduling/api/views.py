@@ -37,10 +37,12 @@ from scheduling.api.serializers import (
     JobSubmitSerializer,
     OrgFairShareSerializer,
     OrgQuotasSerializer,
+    PriorityClassesSerializer,
     render_hold_summary,
     render_job_priority,
     render_new_job,
 )
+from scheduling.class_report import priority_classes_for
 from scheduling.fairshare_report import org_fair_share
 from scheduling.fleet_report import gpu_types, org_quotas
 from scheduling.models import Job, JobAttempt
@@ -239,6 +241,22 @@ class GpuTypesView(GenericAPIView):
     def get(self, request: Request) -> Response:
         no_query(request)
         return Response(GpuTypesSerializer({"computed_at": db_now(), "gpu_types": gpu_types()}).data)
+
+
+class PriorityClassesView(GenericAPIView):
+    serializer_class = PriorityClassesSerializer
+    rate_limit_scope = "jobs-read"
+
+    @extend_schema(
+        operation_id="priority_classes", responses=PriorityClassesSerializer,
+        description="The priority classes, highest first, and which of your organizations may submit "
+        "jobs of each (a restricted class only those granted it; Slurm's QOS list of an association). "
+        "Any signed-in caller.",
+    )
+    def get(self, request: Request) -> Response:
+        no_query(request)
+        classes = priority_classes_for(request.user)
+        return Response(PriorityClassesSerializer({"priority_classes": classes}).data)
 
 
 class OrgQuotasView(GenericAPIView):

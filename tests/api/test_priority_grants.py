@@ -86,3 +86,20 @@ def test_a_grant_made_by_another_process_is_seen_at_once(
         org=ungranted.org, priority_class=PriorityClass.objects.get(name="production"))])
     response = post(client_for(ungranted.user), _body(ungranted))
     assert response.status_code == 201, response.json()
+
+
+def test_the_classes_say_which_of_the_callers_orgs_may_use_each(tenant: Any, ungranted: Any) -> None:
+    """GET /priority-classes: a user of two orgs, one granted production (the `tenant` fixture's)."""
+    from tests.factories import MembershipFactory
+
+    MembershipFactory(project=ungranted.project, user=tenant.user)
+    response = client_for(tenant.user).get("/api/v1/priority-classes")
+    assert response.status_code == 200
+    classes = {c["name"]: c for c in response.json()["priority_classes"]}
+    assert list(classes) == ["production", "premium", "standard", "batch", "interactive"]  # highest first
+    mine = sorted([tenant.org.pk, ungranted.org.pk])
+    assert classes["production"] == {"name": "production", "rank": 500, "preemptible": False,
+                                     "can_preempt": True, "restricted": True, "your_orgs": [tenant.org.pk]}
+    assert classes["batch"]["your_orgs"] == mine and classes["batch"]["restricted"] is False
+    assert client_for(ungranted.user).get("/api/v1/priority-classes").json()["priority_classes"][0][
+        "your_orgs"] == []
