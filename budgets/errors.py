@@ -1,6 +1,7 @@
 """Typed budget errors, rendered as RFC 9457 problem details."""
 
 from config.errors import DomainError
+from ledger.money import format_credits
 
 
 class BudgetExceeded(DomainError):
@@ -12,8 +13,8 @@ class BudgetExceeded(DomainError):
 
     def __init__(self, *, level: str, limit: int, used: int, requested: int, budget_id: int) -> None:
         super().__init__(
-            f"The {level} budget allows {limit} micro-credits this period; {used} are used or held "
-            f"and {requested} more were requested.",
+            f"The {level} budget allows {format_credits(limit)} credits this period; "
+            f"{format_credits(used)} are used or held and {format_credits(requested)} more were requested.",
             level=level, limit=limit, used=used, requested=requested, budget_id=budget_id,
         )
         self.level = level

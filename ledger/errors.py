@@ -1,6 +1,7 @@
 """Typed ledger errors; the API renders them as RFC 9457 problem details by `type` and `status`."""
 
 from config.errors import DomainError
+from ledger.money import format_credits
 
 
 class LedgerError(DomainError):
@@ -52,7 +53,7 @@ class InsufficientCredits(LedgerError):
 
     def __init__(self, needed: int, available: int) -> None:
         super().__init__(
-            f"Needs {needed} micro-credits, only {available} available.",
+            f"Needs {format_credits(needed)} credits, only {format_credits(available)} available.",
             needed=needed,
             available=available,
         )
@@ -77,7 +78,7 @@ class CaptureExceedsHold(LedgerError):
 
     def __init__(self, requested: int, remaining: int) -> None:
         super().__init__(
-            f"Requested {requested} micro-credits, the hold has {remaining} left.",
+            f"Requested {format_credits(requested)} credits, the hold has {format_credits(remaining)} left.",
             requested=requested,
             remaining=remaining,
         )

@@ -23,6 +23,7 @@ from config import metrics
 from config.errors import DomainError
 from ledger.locks import lock_hold
 from ledger.models import Hold, HoldState
+from ledger.money import format_credits
 from ledger.retry import retry_on_conflict
 from ledger.services import capture, extend_hold
 from metering import conf
@@ -187,7 +188,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
         return ChargeResult(captured=captured, actions=tuple(actions))  # try again next run
     request_stop(
         attempt=attempt, reason="out_of_credit", grace_seconds=conf.seconds("METERING_OUT_OF_CREDIT_GRACE_S"),
-        detail=f"its hold could not be extended by {amount} micro-credits: {refusal}",
+        detail=f"its hold could not be extended by {format_credits(amount)} credits: {refusal}",
     )
     record(
         action="metering.out_of_credit",

@@ -56,7 +56,8 @@ def agent_view(*methods: str) -> Callable[[View], View]:
             if request.method not in methods:
                 return problem(405, "method-not-allowed", "Method not allowed", f"Use {', '.join(methods)}.")
             scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
-            node = authenticate_node(raw) if scheme.lower() == "bearer" and raw else None  # any case (RFC 7235)
+            # The scheme in any case (RFC 7235), as for API keys.
+            node = authenticate_node(raw) if scheme.lower() == "bearer" and raw else None
             if node is None:
                 return problem(401, "invalid-node-token", "Unauthorized", "A valid node token is required.")
             body: Any = {}

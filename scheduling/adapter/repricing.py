@@ -23,6 +23,7 @@ from django.db import transaction
 from audit.models import AuditEvent
 from audit.services import NewEvent
 from config.errors import DomainError
+from ledger.money import format_credits
 from metering.conf import window_floor_seconds
 from metering.cost import cost
 from scheduling import core
@@ -160,7 +161,7 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
             record_extension(hold=hold, amount=need)
             extend_hold(hold=hold, amount=need, key=key)
     except DomainError as refusal:
-        return f"topping the hold up by {need} was refused: {refusal.detail}"
+        return f"topping the hold up by {format_credits(need)} credits was refused: {refusal.detail}"
     # The run's rate is fixed at placement: its estimate is now its max wall time at that rate.
     estimate = cost(_gpus(place) * row.max_wall_seconds * 1000, place.rate_micro_per_gpu_hour)
     Job.objects.filter(pk=place.job_id).update(estimate=estimate)

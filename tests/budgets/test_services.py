@@ -47,6 +47,7 @@ def test_reserve_capture_release_move_held_to_spent() -> None:
     with pytest.raises(BudgetExceeded) as error:
         reserve_budgets(hold=second, org=tenant.org, project=tenant.project, user=tenant.user, amount=260)
     assert error.value.level == "member" and error.value.used == 50
+    assert "0.00005 are used or held and 0.00026 more were requested" in error.value.detail  # credits
 
 
 def test_record_release_many_matches_per_hold_releases() -> None:

@@ -61,6 +61,8 @@ def test_not_yet_effective_and_expired_buckets_are_not_spent(org) -> None:
         with pytest.raises(InsufficientCredits) as info:
             place_hold(org=org, amount=11, key="h")
         assert (info.value.needed, info.value.available) == (11, 10)
+        # In credits, as the portal shows money (QA); the fields stay micro-credits for clients.
+        assert info.value.detail == "Needs 0.000011 credits, only 0.00001 available."
         assert place_hold(org=org, amount=10, key="h2").lines.get().bucket_id == ok.pk
 
 
