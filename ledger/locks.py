@@ -88,14 +88,17 @@ def claim_buckets(queryset: QuerySet[Bucket], limit: int) -> list[Bucket]:
 
 def lock_buckets_ahead(*, extending_orgs: Iterable[int], releasing: Iterable[int]) -> None:
     """Lock at once, by id, every bucket that extending holds of some orgs and releasing some
-    (locked) holds can touch: the orgs' buckets with credits available (every extension draws on
-    some of them) and the released holds' open lines' buckets. For a caller that then extends and
-    releases hold by hold across orgs, so that none of those locks comes after a higher id's."""
+    (locked) holds can touch: the orgs' unexpired buckets (an extension draws on some of them; not
+    only those with credits available now, since a release elsewhere may refill one before the
+    extension: review) and the released holds' open lines' buckets. For a caller that then extends
+    and releases hold by hold across orgs, so that none of those locks comes after a higher id's
+    (a bucket issued meanwhile has the highest id: locked last, still in order)."""
     orgs, holds = sorted(set(extending_orgs)), sorted(set(releasing))
     if not orgs and not holds:
         return
     lines = HoldLine.objects.filter(hold_id__in=holds, authorized__gt=F("captured") + F("released"))
-    match = Q(org_id__in=orgs, available__gt=0) | Q(pk__in=lines.values("bucket_id"))
+    unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=db_now())
+    match = (Q(org_id__in=orgs) & unexpired) | Q(pk__in=lines.values("bucket_id"))
     list(Bucket.objects.filter(match).order_by("pk").select_for_update(of=("self",)).values_list("pk"))
 
 

@@ -62,10 +62,12 @@ def lookahead_cost(attempt: JobAttempt) -> int:
 
 def max_cost(attempt: JobAttempt, job: Job) -> int:
     """The most the attempt can ever bill: the billable cap when its agent kills it, at its max
-    wall time plus the time-out grace (review: capped at the max wall time, a run that used its
-    SIGTERM grace was billed past its hold, unfunded, though its org could pay)."""
+    wall time plus the longest grace a stop gives (the time-out grace at the max wall time, or a
+    preemption's checkpoint grace begun just before it). Review: capped at the max wall time, a
+    run that used its SIGTERM grace was billed past its hold, unfunded, though its org could pay;
+    then capped at the time-out grace, a run preempted in its last minutes the same."""
     slack = conf.seconds("METERING_CAP_SLACK_MS_PER_GPU") * attempt.gpu_count
-    wall = job.max_wall_seconds + conf.timeout_grace_seconds()
+    wall = job.max_wall_seconds + conf.longest_stop_grace()
     return cost(_window_ms(attempt, wall) + slack, attempt.rate_per_gpu_hour)
 
 

@@ -18,6 +18,7 @@ from audit.services import record
 from config import metrics
 from config.clock import db_now
 from ledger.retry import retry_on_conflict
+from metering.models import AttemptUsage
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
@@ -235,7 +236,11 @@ def _still_on_a_node_that_is(attempt_id: int, state: str) -> bool:
     """Whether the attempt still holds a GPU of a node in `state`, asked under the attempt's lock.
     On PostgreSQL the node row is locked FOR SHARE: a heartbeat that brings the node back (an
     UPDATE of its row) is seen here if it committed, or waits until this transaction has ended
-    the attempt (and is then told to stop it). SQLite runs one writer at a time."""
+    the attempt (and is then told to stop it). The attempt's usage row is locked first: a
+    heartbeat's one statement updates the usage rows, then the node, and the settlement that
+    ends the attempt locks the usage row (review: taken after the node, it deadlocked with a
+    heartbeat of the node coming back). SQLite runs one writer at a time."""
+    AttemptUsage.objects.select_for_update().filter(attempt_id=attempt_id).first()
     lock = " FOR SHARE OF n" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(

@@ -290,3 +290,34 @@ def test_a_run_killed_at_its_max_wall_by_its_agent_is_paid_for_through_the_grace
                 report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="timed_out", signal=9))
     settled = AuditEvent.objects.get(action="metering.attempt_settled", subject_id=str(attempt.pk))
     assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)
+
+
+def test_a_run_preempted_near_its_max_wall_is_paid_for_through_its_checkpoint_grace(
+    world: World, funded: Any, submit: Callable[..., Job]
+) -> None:
+    """Review: `max_cost` counted the time-out grace (30 s) past the max wall time, but a
+    preemption's checkpoint grace (120 s) begun 60 s before it runs the job 60 s past it: that was
+    settled `unfunded` though its org could pay. It counts the longest stop's grace now."""
+    from metering.reports import ExitReport, report_exit
+    from scheduling.core import Config
+    from scheduling.services.lifecycle import request_stop_many
+
+    funded(100 * MICRO)
+    mark_node_alive(world.node)
+    submit(gpus=1, max_wall_seconds=600)  # no window: the hold pays for the whole max wall time
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, 800)
+    seq = 0
+    for t in range(60, 541, 60):
+        seq += 1
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, t * 1000)])
+        charge_progress(attempt=attempt)
+    grace = int(Config().grace_seconds)
+    request_stop_many(items=[(attempt.pk, grace)], reason="preempted")  # 60 s before its max wall
+    charge_progress(attempt=attempt)  # stopping: captures, never extends
+    used = (540 + grace) * 1000  # SIGTERM now, SIGKILL when the grace ends: 60 s past the max wall
+    report_exit(node=world.node, attempt_id=attempt.pk,
+                report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="preempted"))
+    settled = AuditEvent.objects.get(action="metering.attempt_settled", subject_id=str(attempt.pk))
+    assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)

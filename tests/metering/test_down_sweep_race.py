@@ -4,7 +4,12 @@
 re-checking: a node that answered while the sweep waited for a job's lock (a charge, a scheduling
 pass) had its running attempt ended `lost` (settled, requeued with a retry spent), and the job
 still running there was then killed by a `lost` stop. Now each attempt is re-checked under the
-job's and the attempt's locks, with its node's row locked FOR SHARE. Failed before."""
+job's and the attempt's locks, with its node's row locked FOR SHARE. Failed before.
+
+A heartbeat arriving while the sweep holds that share lock waits for it, and does not deadlock with
+the settlement: its one statement updates the usage row, then the node, so the sweep locks the
+usage row before the node (review: a first version locked the node first, and PostgreSQL aborted
+the heartbeat or the sweep)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from ledger.models import MICRO
 from metering.heartbeats import HeartbeatItem
 from metering.services import ingest_heartbeats
 from scheduling.models import AttemptState, Job, JobAttempt, Node, NodeState
+from scheduling.services import tick
 from scheduling.services.tick import end_attempts_on_down_nodes
 from tests.lock_waits import another_session_waits
 from tests.metering.conftest import World
@@ -74,3 +80,42 @@ def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
     attempt.refresh_from_db()
     next_beat = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 3, 1_120_000)])
     assert (attempt.state, attempt.outcome, next_beat.stop) == (AttemptState.RUNNING, "", [])
+
+
+def test_a_heartbeat_during_the_sweeps_re_check_waits_and_does_not_deadlock(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    funded(100 * MICRO)
+    attempt = make_attempt(started_ago=600)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 1_000_000)])
+    Node.objects.filter(pk=world.node.pk).update(
+        state=NodeState.DOWN, last_heartbeat_at=timezone.now() - timedelta(seconds=400))
+    beat_errors: list[BaseException] = []
+    beat_done = threading.Event()
+
+    def heartbeat() -> None:
+        try:
+            ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)])
+        except BaseException as error:  # reported below
+            beat_errors.append(error)
+        finally:
+            beat_done.set()
+            connection.close()
+
+    recheck = tick._still_on_a_node_that_is
+    beats: list[threading.Thread] = []
+
+    def recheck_then_heartbeat(attempt_id: int, state: str) -> bool:
+        answer = recheck(attempt_id, state)  # the usage row and the node are locked now
+        if not beats:
+            beats.append(threading.Thread(target=heartbeat))
+            beats[0].start()
+            assert another_session_waits(beat_done)
+        return answer
+
+    monkeypatch.setattr(tick, "_still_on_a_node_that_is", recheck_then_heartbeat)
+    assert tick._end_lost(attempt.pk, attempt.job_id)  # one transaction, as the sweep runs it
+    beats[0].join(30)
+    assert beat_errors == []
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.outcome) == (AttemptState.ENDED, "lost")  # the sweep came first

@@ -14,7 +14,9 @@ for the first. Now the pass locks all those buckets at once, by id.
 
 The hook runs the intruder at the point where the old order inverted, and waits until it is
 blocked on a lock before letting the pass go on. Neither side retries here: a deadlock fails the
-test. Each case failed before the fix."""
+test. Each case failed before the fix. And a bucket empty when the pass locks ahead, refilled by a
+cancel before the top-up, is one the top-up would then lock out of order (review): every unexpired
+bucket of the org is locked ahead."""
 
 from __future__ import annotations
 
@@ -194,3 +196,58 @@ def test_an_excess_release_after_a_top_up_takes_the_buckets_in_order_with_a_canc
     placed = dict(JobAttempt.objects.values_list("job_id", "gpu_type__name"))
     assert placed == {cheaper.pk: "A100", dearer.pk: "H100"}
     assert verify_ledger() == []
+
+
+def test_a_bucket_refilled_after_the_lock_ahead_does_not_deadlock_the_top_up(
+    fleet: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tenant = make_tenant()  # no budget
+    low = fund(tenant.org, H100_PRICE, expires_at=db_now() + timedelta(days=30))  # spent first
+    fund(tenant.org, 10**12)  # the higher id
+    spanning = _submit(tenant, tenant.project, "spanning", "H100")  # all of `low`
+    hold_job(job=spanning, actor=tenant.user)  # not placed: cancelled during the pass
+    dearer = _submit(tenant, tenant.project, "dearer", "H100")  # from the higher bucket
+    low.refresh_from_db()
+    assert low.available == 0  # empty when the pass locks ahead
+    _raise_h100(fleet)  # the dearer job's hold is short: a top-up
+    cancel_errors: list[BaseException] = []
+    cancelled = threading.Event()
+
+    def cancel() -> None:
+        try:
+            cancel_job(job=Job.objects.get(pk=spanning.pk), actor=tenant.user)
+        except BaseException as error:  # reported below
+            cancel_errors.append(error)
+        finally:
+            cancelled.set()
+            connection.close()
+
+    intruders: list[Intruder] = []
+    cancellers: list[threading.Thread] = []
+    top_up = repricing._top_up
+
+    def refill_then_submit_then_top_up(place: Any, *args: Any) -> str:
+        if not intruders:  # lock_ledger_ahead has run
+            cancellers.append(threading.Thread(target=cancel))
+            cancellers[0].start()
+            # Had the pass not locked `low`, the cancel commits now and refills it, and the
+            # submission locks it and waits for the higher bucket; as it is, the cancel waits.
+            another_session_waits(cancelled)
+            intruders.append(Intruder(tenant, tenant.project))
+            intruders[0].start_and_wait()
+        return top_up(place, *args)
+
+    monkeypatch.setattr(repricing, "_top_up", refill_then_submit_then_top_up)
+    pass_errors: list[BaseException] = []
+    try:
+        run_scheduling_pass.__wrapped__(trigger="race")  # no retry: a deadlock fails the test
+    except BaseException as error:
+        pass_errors.append(error)
+    (intruder,) = intruders
+    intruder.join()
+    cancellers[0].join(30)
+    assert cancel_errors == []
+    assert Job.objects.get(pk=spanning.pk).state == JobState.CANCELLED
+    assert intruder.blocked
+    assert pass_errors == [] and intruder.errors == [], (pass_errors, intruder.errors)
+    assert Job.objects.get(pk=dearer.pk).state == JobState.SCHEDULED
