@@ -265,6 +265,24 @@ def test_a_preempted_windowed_run_is_paid_for_through_its_checkpoint_grace(
     assert (settled.data["billable_gpu_ms"], settled.data["unfunded"]) == (used, 0)
 
 
+def _ten_minutes_charged_until(
+    world: World, submit: Callable[..., Job], until: int, *, started_ago: int
+) -> tuple[JobAttempt, int]:
+    """A 1-GPU job of 600 s max wall, no hold window (its hold pays for the whole run), running,
+    heartbeating and charged every minute up to `until` s; (attempt, last heartbeat seq)."""
+    mark_node_alive(world.node)
+    submit(gpus=1, max_wall_seconds=600)
+    [attempt] = place_pending()
+    report_started(node=world.node, attempt_id=attempt.pk)
+    shift_started(attempt, started_ago)
+    seq = 0
+    for t in range(60, until + 1, 60):
+        seq += 1
+        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, t * 1000)])
+        charge_progress(attempt=attempt)
+    return attempt, seq
+
+
 def test_a_run_killed_at_its_max_wall_by_its_agent_is_paid_for_through_the_grace(
     world: World, funded: Any, submit: Callable[..., Job]
 ) -> None:
@@ -275,16 +293,7 @@ def test_a_run_killed_at_its_max_wall_by_its_agent_is_paid_for_through_the_grace
     from metering.reports import ExitReport, report_exit
 
     funded(100 * MICRO)
-    mark_node_alive(world.node)
-    submit(gpus=1, max_wall_seconds=600)  # no window: the hold pays for the whole max wall time
-    [attempt] = place_pending()
-    report_started(node=world.node, attempt_id=attempt.pk)
-    shift_started(attempt, 631)
-    seq = 0
-    for t in range(60, 601, 60):
-        seq += 1
-        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, t * 1000)])
-        charge_progress(attempt=attempt)
+    attempt, seq = _ten_minutes_charged_until(world, submit, 600, started_ago=631)
     used = (600 + 30) * 1000  # SIGTERM at 600 s, SIGKILL 30 s later
     report_exit(node=world.node, attempt_id=attempt.pk,
                 report=ExitReport(seq=seq + 1, cumulative_gpu_ms=used, outcome="timed_out", signal=9))
@@ -303,16 +312,7 @@ def test_a_run_preempted_near_its_max_wall_is_paid_for_through_its_checkpoint_gr
     from scheduling.services.lifecycle import request_stop_many
 
     funded(100 * MICRO)
-    mark_node_alive(world.node)
-    submit(gpus=1, max_wall_seconds=600)  # no window: the hold pays for the whole max wall time
-    [attempt] = place_pending()
-    report_started(node=world.node, attempt_id=attempt.pk)
-    shift_started(attempt, 800)
-    seq = 0
-    for t in range(60, 541, 60):
-        seq += 1
-        ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, seq, t * 1000)])
-        charge_progress(attempt=attempt)
+    attempt, seq = _ten_minutes_charged_until(world, submit, 540, started_ago=800)
     grace = int(Config().grace_seconds)
     request_stop_many(items=[(attempt.pk, grace)], reason="preempted")  # 60 s before its max wall
     charge_progress(attempt=attempt)  # stopping: captures, never extends

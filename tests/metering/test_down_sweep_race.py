@@ -34,14 +34,21 @@ from tests.metering.conftest import World
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
+def _running_on_a_node_gone_down(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
-) -> None:
+) -> JobAttempt:
     funded(100 * MICRO)
     attempt = make_attempt(started_ago=600)
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 1_000_000)])
     Node.objects.filter(pk=world.node.pk).update(
         state=NodeState.DOWN, last_heartbeat_at=timezone.now() - timedelta(seconds=400))
+    return attempt
+
+
+def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    attempt = _running_on_a_node_gone_down(world, funded, make_attempt)
     locked, release, done = threading.Event(), threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
@@ -85,11 +92,7 @@ def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
 def test_a_heartbeat_during_the_sweeps_re_check_waits_and_does_not_deadlock(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    funded(100 * MICRO)
-    attempt = make_attempt(started_ago=600)
-    ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 1, 1_000_000)])
-    Node.objects.filter(pk=world.node.pk).update(
-        state=NodeState.DOWN, last_heartbeat_at=timezone.now() - timedelta(seconds=400))
+    attempt = _running_on_a_node_gone_down(world, funded, make_attempt)
     beat_errors: list[BaseException] = []
     beat_done = threading.Event()
 
