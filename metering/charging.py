@@ -94,7 +94,7 @@ def run_cost(attempt: JobAttempt, job: Job) -> int:
 
 def extension_amount(attempt: JobAttempt, job: Job, hold: Hold, lookahead: int) -> int:
     """One hold window's cost (org policy, else the default window), or what brings the hold back
-    up to the look-ahead when that is more; never beyond max wall time.
+    up to the look-ahead when that is more; never beyond `max_cost`.
 
     A window may be shorter than the look-ahead (an org's is at least 60 s, one charge interval;
     the look-ahead is 2 charge intervals + a heartbeat + the stop's grace): one window per charge

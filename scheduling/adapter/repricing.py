@@ -68,8 +68,8 @@ def _why_more(row: PendingRow, place: core.Place, remaining: int) -> tuple[str, 
             f"{window_floor_seconds()} s, or the whole max wall time when shorter)"
         )
     return "price-rose", (
-        f"{place.gpu_type} now costs {place.rate_micro_per_gpu_hour} per GPU-hour, more than the hold "
-        "was priced at"
+        f"{place.gpu_type} now costs {format_credits(place.rate_micro_per_gpu_hour)} credits per GPU-hour, "
+        "more than the hold was priced at"
     )
 
 

@@ -102,7 +102,11 @@ def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
 
     job.refresh_from_db()
     assert job.state == JobState.QUEUED and job.wait_reason == "budget"
-    assert job.wait_detail.startswith("H100 now costs 9000000 per GPU-hour, more than the hold was priced")
+    # Every amount in credits, as the portal shows money (review: the rate was in micro-credits).
+    assert job.wait_detail.startswith("H100 now costs 9.00 credits per GPU-hour, more than the hold was")
+    refused = {"credits": "Needs 12.00 credits, only 0.00 available.",
+               "budget": "The org budget allows 3.00 credits this period; 6.00 are used or held and 12.00"}
+    assert f"topping the hold up by 12.00 credits was refused: {refused[refusal]}" in job.wait_detail
     assert "refused" in job.wait_detail and job.price_capped_until is not None and job.not_before is None
     assert not JobAttempt.objects.filter(job=job).exists()
     assert not Allocation.objects.exists()  # its GPUs were left for others
@@ -115,7 +119,7 @@ def test_a_refused_top_up_leaves_the_job_waiting_for_funds(
     # Until its retry time it is not placed on H100 again (no top-up tried); the refusal's words stay.
     run_scheduling_pass(trigger="test")
     job.refresh_from_db()
-    assert job.wait_reason == "budget" and job.wait_detail.startswith("H100 now costs 9000000")
+    assert job.wait_reason == "budget" and job.wait_detail.startswith("H100 now costs 9.00 credits")
     assert AuditEvent.objects.filter(action="sched.hold.top_up").count() == 0
     assert not JobAttempt.objects.filter(job=job).exists()
 
