@@ -32,6 +32,9 @@ PRICE_MESSAGE = "A price must be positive: at least 1 micro-credit per GPU-hour.
 # The largest job the API accepts (1,024 GPUs for 30 days) must cost at most what one ledger call
 # may move (QA: a price of 2^63 - 1 was accepted, and every large submission then failed with a 500).
 MAX_PRICE = MAX_AMOUNT // (1024 * 30 * 24)
+# A wait, end or stop detail in words: room for why and the ledger's refusal in one sentence
+# (review: at 255 a window-floor top-up's refusal lost its amounts).
+DETAIL_MAX_LENGTH = 1000
 MAX_PRICE_MESSAGE = (f"A price may be at most {MAX_PRICE} micro-credits per GPU-hour, so that the largest "
                      "job (1,024 GPUs for 30 days) stays within what one hold may be.")
 
@@ -297,14 +300,14 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     # Why a queued job waits (scheduler reason code) and a human detail.
     wait_reason = models.CharField(max_length=64, blank=True, default="")
-    wait_detail = models.CharField(max_length=255, blank=True, default="")
+    wait_detail = models.CharField(max_length=DETAIL_MAX_LENGTH, blank=True, default="")
     # When the last pass's reservation (EASY, preemption or quota room) expects it to start, by
     # the max wall times of what runs (Slurm's `squeue --start`); null without one.
     expected_start_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=64, blank=True, default="")
     # Why, in words, when the reason alone does not say (e.g. what refused an out_of_credit run's
     # extension: funds or which budget; QA: only the audit trail said).
-    end_detail = models.CharField(max_length=255, blank=True, default="", db_default="")
+    end_detail = models.CharField(max_length=DETAIL_MAX_LENGTH, blank=True, default="", db_default="")
     current_hold = models.ForeignKey(
         "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -377,7 +380,7 @@ class JobAttempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=32, blank=True, default="")
-    stop_detail = models.CharField(max_length=255, blank=True, default="", db_default="")
+    stop_detail = models.CharField(max_length=DETAIL_MAX_LENGTH, blank=True, default="", db_default="")
     grace_seconds = models.PositiveIntegerField(default=0)
     outcome = models.CharField(max_length=32, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)

@@ -28,7 +28,7 @@ from metering.conf import window_floor_seconds
 from metering.cost import cost
 from scheduling import core
 from scheduling.core import reasons
-from scheduling.models import Job, JobState
+from scheduling.models import DETAIL_MAX_LENGTH, Job, JobState
 from scheduling.pricing import held_gpu_ms, held_seconds
 from scheduling.services.lifecycle import funding_retry_at
 
@@ -178,7 +178,7 @@ def _wait_for_funds(
     loaded: Loaded, place: core.Place, row: PendingRow, refusal: str, events: list[NewEvent]
 ) -> None:
     retry = funding_retry_at(loaded.now)
-    detail = f"{_why_more(row, place, row.hold_remaining)[1]}; {refusal}"[:255]
+    detail = f"{_why_more(row, place, row.hold_remaining)[1]}; {refusal}"[:DETAIL_MAX_LENGTH]
     log.info("job %s not placed: %s", place.job_id, detail)
     Job.objects.filter(pk=place.job_id, state=JobState.QUEUED).update(
         wait_reason=reasons.BUDGET, wait_detail=detail, price_capped_until=retry, expected_start_at=None

@@ -36,7 +36,17 @@ from scheduling.adapter.repricing import (
 )
 from scheduling.adapter.snapshot import Loaded, PendingRow
 from scheduling.core import reasons as core_reasons
-from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState, Node, NodeCordon, NodeState
+from scheduling.models import (
+    DETAIL_MAX_LENGTH,
+    Allocation,
+    AttemptState,
+    Job,
+    JobAttempt,
+    JobState,
+    Node,
+    NodeCordon,
+    NodeState,
+)
 from scheduling.services.lifecycle import can_transition, request_stop_many
 
 log = logging.getLogger("scheduling.adapter")
@@ -318,7 +328,7 @@ def _skip(
         row = loaded.pending.get(skip.job_id)
         if row is None or skip.job_id in leave:
             continue
-        detail = skip.detail[:255]
+        detail = skip.detail[:DETAIL_MAX_LENGTH]
         if skip.reason_code == row.wait_reason == core_reasons.BUDGET and row.wait_detail:
             detail = row.wait_detail  # the refusal's own words (lifecycle.fund_job), not the core's
         start = starts.get(skip.job_id)

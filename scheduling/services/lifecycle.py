@@ -27,6 +27,7 @@ from config.clock import db_now
 from config.errors import DomainError
 from scheduling.core import reasons
 from scheduling.models import (
+    DETAIL_MAX_LENGTH,
     TERMINAL_JOB_STATES,
     Allocation,
     AttemptState,
@@ -276,7 +277,7 @@ def request_stop(
         state=AttemptState.STOPPING,
         stop_requested_at=current.stop_requested_at or now,
         stop_reason=reason,
-        stop_detail=detail[:255],
+        stop_detail=detail[:DETAIL_MAX_LENGTH],
         grace_seconds=grace,
     )
     if changed == 1:
@@ -436,7 +437,7 @@ def fund_job(*, job: Job) -> bool:
         retry_at = funding_retry_at(db_now())
         if job.not_before is not None and job.not_before > retry_at:
             retry_at = job.not_before
-        detail = str(error.detail)[:255]
+        detail = str(error.detail)[:DETAIL_MAX_LENGTH]
         changed = Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
             wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at, expected_start_at=None
         )

@@ -58,6 +58,8 @@ def test_legacy_60s_hold_refused_top_up_does_not_claim_a_price_rise(
     job.refresh_from_db()
     assert job.wait_detail.startswith("the hold pays for the org's 60 s hold window; this job's must pay "
                                       "for 273 s"), job.wait_detail
+    # The whole refusal, amounts and all (review: cut at 255 characters, it lost them).
+    assert len(job.wait_detail) > 255 and job.wait_detail.endswith("only 0.00 available."), job.wait_detail
 
 
 def test_legacy_60s_hold_funded_top_up_is_not_audited_as_a_price_rise(
