@@ -316,6 +316,11 @@ class PriorityGrantAdmin(AuditedSettingAdmin):
     search_fields = ("org__slug", "org__name")
     fields = ("org", "priority_class")
 
+    def get_readonly_fields(self, request: HttpRequest, obj: PriorityGrant | None = None) -> Any:
+        # A grant is for one org: moving it would revoke one org's and grant another's in one
+        # event filed under the new org only (QA). Delete it and add another instead.
+        return ("org", "priority_class") if obj is not None else ()
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "priority_class":
             kwargs["queryset"] = PriorityClass.objects.filter(restricted=True).order_by("-rank")

@@ -850,7 +850,8 @@ class _Pass:
             self.result.decisions.append(Preempt(v.id, v.attempt_id, job.id, grace, code))
         self.add_reservation(job, Reservation(job.id, t, start, plan.allocations, "preemption"))
         ids = ",".join(str(v.id) for v in plan.victims)
-        self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for jobs {ids} to exit{why}")
+        jobs = "jobs" if len(plan.victims) > 1 else "job"
+        self.skip(job, reasons.WAITING_FOR_PREEMPTION, f"on {t}: waiting for {jobs} {ids} to exit{why}")
         return True
 
     def victims_claim(self, v: RunningJob) -> None:

@@ -98,8 +98,10 @@ def _key_share(ids: tuple[int, ...]) -> None:
 def _wait(waiting: list[int], dependency: str) -> tuple[str, str]:
     if not waiting:
         return "", ""
-    how = "complete" if dependency == Dependency.AFTER_OK else "end"
-    return reasons.DEPENDENCY, f"after jobs {', '.join(map(str, waiting))} {how} ({dependency})"[:255]
+    one = len(waiting) == 1  # QA: "after jobs 37 complete"
+    how = ("complete" if dependency == Dependency.AFTER_OK else "end") + ("s" if one else "")
+    jobs = "job" if one else "jobs"
+    return reasons.DEPENDENCY, f"after {jobs} {', '.join(map(str, waiting))} {how} ({dependency})"[:255]
 
 
 def wait_reason_of(job: Job) -> tuple[str, str]:

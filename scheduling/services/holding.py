@@ -22,7 +22,7 @@ from config.errors import DomainError
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
 from scheduling.services import dependencies
-from scheduling.services.lifecycle import IllegalTransition, audit_actor, lock_job
+from scheduling.services.lifecycle import IllegalTransition, audit_actor, fund_job, lock_job
 
 
 class HeldByOperator(DomainError):
@@ -75,7 +75,10 @@ def release_job(*, job: Job, actor: Any = None, operator: bool = False) -> Job:
                              job_id=job.pk)
     now = db_now()
     wait = dependencies.wait_reason_of(job)
-    if not wait[0] and job.not_before is not None and job.not_before > now:
+    if job.current_hold_id is None and not fund_job(job=job):
+        # Waiting for funds, not a retry backoff (QA: it said `backoff` until the next funding try).
+        wait = (job.wait_reason, job.wait_detail)
+    elif not wait[0] and job.not_before is not None and job.not_before > now:
         wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
     job = _set_held(job, actor, held=False, wait=wait, held_by_operator=False, aging_from=now)
     from scheduling.tasks import schedule_soon

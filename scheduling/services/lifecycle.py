@@ -457,10 +457,12 @@ def fund_job(*, job: Job) -> bool:
 
 
 def fund_waiting_jobs(*, limit: int = 100) -> int:
-    """Give queued jobs without a hold (refused at requeue) another try; returns how many got one."""
+    """Give queued jobs without a hold (refused at requeue) another try; returns how many got one.
+    Not held jobs: a refusal would overwrite their `held` wait (QA: a held job showed `budget` and
+    left the `held` filter); `release_job` funds one when it is released."""
     now = db_now()
     ids = list(
-        Job.objects.filter(state=S.QUEUED, current_hold__isnull=True)
+        Job.objects.filter(state=S.QUEUED, current_hold__isnull=True, held=False)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .order_by("submitted_at", "pk")
         .values_list("pk", flat=True)[:limit]
@@ -469,7 +471,7 @@ def fund_waiting_jobs(*, limit: int = 100) -> int:
     for job_id in ids:
         with transaction.atomic():
             job = lock_job(job_id)
-            if job.state == S.QUEUED and job.current_hold_id is None:
+            if job.state == S.QUEUED and job.current_hold_id is None and not job.held:
                 funded += fund_job(job=job)
     return funded
 

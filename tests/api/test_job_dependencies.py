@@ -56,7 +56,7 @@ def test_a_dependent_waits_until_its_dependency_completes(api: APIClient, job_bo
     second = submit(api, job_body, name="train", depends_on=[first["id"]])
     assert (second["depends_on"], second["dependency"]) == ([first["id"]], "afterok")
     assert (second["wait_reason"], second["wait_detail"]) == (
-        "dependency", f"after jobs {first['id']} complete (afterok)",
+        "dependency", f"after job {first['id']} completes (afterok)",
     )
     assert first["depends_on"] == [] and first["dependency"] is None
     assert second["hold"]["state"] == "active"  # held at submission like any job
@@ -84,7 +84,7 @@ def test_afterany_runs_after_a_failed_dependency(
 ) -> None:
     first = submit(api, job_body)
     second = submit(api, job_body, depends_on=[first["id"]], dependency="afterany")
-    assert second["wait_detail"] == f"after jobs {first['id']} end (afterany)"
+    assert second["wait_detail"] == f"after job {first['id']} ends (afterany)"
     with django_capture_on_commit_callbacks(execute=True):
         finish_attempt(attempt=run(first["id"]), outcome="failed", exit_code=3)
     assert Job.objects.get(pk=second["id"]).state == JobState.QUEUED
@@ -220,7 +220,7 @@ def test_the_wait_detail_names_only_the_jobs_still_waited_for(
         finish_attempt(attempt=run(first["id"]), outcome="completed", exit_code=0)
     job = Job.objects.get(pk=third["id"])
     assert (job.wait_reason, job.wait_detail) == (
-        "dependency", f"after jobs {second['id']} complete (afterok)",
+        "dependency", f"after job {second['id']} completes (afterok)",
     )
     with django_capture_on_commit_callbacks(execute=True):
         finish_attempt(attempt=run(second["id"]), outcome="completed", exit_code=0)

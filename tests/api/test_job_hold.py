@@ -67,7 +67,7 @@ def test_submitted_held_then_released_shows_its_dependency_again(api: APIClient,
     assert (second["held"], second["wait_reason"]) == (True, "held")
     released = act(api, second["id"], "release").json()
     assert (released["wait_reason"], released["wait_detail"]) == (
-        "dependency", f"after jobs {first['id']} complete (afterok)",
+        "dependency", f"after job {first['id']} completes (afterok)",
     )
     assert pending_ids() == {first["id"]}
 

@@ -103,3 +103,13 @@ def test_the_classes_say_which_of_the_callers_orgs_may_use_each(tenant: Any, ung
     assert classes["batch"]["your_orgs"] == mine and classes["batch"]["restricted"] is False
     assert client_for(ungranted.user).get("/api/v1/priority-classes").json()["priority_classes"][0][
         "your_orgs"] == []
+
+
+def test_a_grant_cannot_be_moved_to_another_org(tenant: Any, ungranted: Any, client: Client) -> None:
+    """QA: moving a grant was one `changed` event filed under the new org; acme's loss unrecorded."""
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    grant = PriorityGrant.objects.get(org=tenant.org)
+    url = reverse("admin:scheduling_prioritygrant_change", args=[grant.pk])
+    client.post(url, {"org": ungranted.org.pk, "priority_class": grant.priority_class_id})
+    assert PriorityGrant.objects.get(pk=grant.pk).org == tenant.org
+    assert not AuditEvent.objects.filter(action="sched.priority_grant.changed", data__fields__has_key="org")

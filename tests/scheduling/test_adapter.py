@@ -270,7 +270,7 @@ def test_a_job_at_its_quota_preempts_its_own_orgs_lower_class_job(
     )
     urgent.refresh_from_db()
     assert (urgent.wait_reason, urgent.wait_detail) == (
-        "waiting-for-preemption", f"on H100: waiting for jobs {victim.pk} to exit (own quota)",
+        "waiting-for-preemption", f"on H100: waiting for job {victim.pk} to exit (own quota)",
     )
 
 

@@ -242,3 +242,32 @@ def test_a_requeue_prices_the_estimate_for_the_whole_run_and_holds_one_window(
     job.refresh_from_db()
     assert job.current_hold is not None and job.current_hold.authorized == 2 * H100_PRICE // 6  # 10 min
     assert job.estimate == 2 * 3 * H100_PRICE  # 3 h on 2 GPUs of the dearer type (H100)
+
+
+def test_a_held_job_waiting_for_funds_stays_held_and_is_funded_when_released(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job]
+) -> None:
+    """QA: the funding retry overwrote a held job's wait with `budget` (it left the `held` filter),
+    and its release said `backoff` (the funding retry time) until the next funding try."""
+    from scheduling.services.holding import hold_job, release_job
+    from scheduling.services.lifecycle import fund_waiting_jobs, requeue
+    from tests.factories import fund
+
+    job = make_job(S.RUNNING, hold=False)  # the org has no credits: its new hold is refused
+    requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
+    job = hold_job(job=Job.objects.get(pk=job.pk), actor=tenant["user"])
+    Job.objects.filter(pk=job.pk).update(not_before=db_now() - timedelta(seconds=1))  # retry due
+    fund_waiting_jobs()
+    job.refresh_from_db()
+    assert (job.held, job.wait_reason) == (True, "held")
+    # Released while still unfunded: tried at once, and it says why it waits.
+    Job.objects.filter(pk=job.pk).update(not_before=db_now() + timedelta(seconds=50))
+    job = release_job(job=job, actor=tenant["user"])
+    assert (job.held, job.wait_reason) == (False, "budget")
+    assert job.wait_detail.startswith("Needs ") and Job.objects.get(pk=job.pk).wait_reason == "budget"
+    # Held again, funded meanwhile, released: it gets its hold there and then.
+    job = hold_job(job=job, actor=tenant["user"])
+    fund(tenant["org"], 10**12)
+    job = release_job(job=job, actor=tenant["user"])
+    job.refresh_from_db()
+    assert job.current_hold is not None and not job.held

@@ -386,7 +386,7 @@ def test_a_job_at_its_org_quota_preempts_its_own_orgs_lower_class_job() -> None:
     (p,) = res.preemptions
     assert (p.job_id, p.for_job_id, p.reason_code) == (50, 1, R.PREEMPTED_FOR_QUOTA)
     assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
-    assert _skip(res, 1).detail == "on H100: waiting for jobs 50 to exit (own quota)"
+    assert _skip(res, 1).detail == "on H100: waiting for job 50 to exit (own quota)"
     # Next pass, the victim still exiting: counted on, not signalled again.
     signalled = [replace(run[0], preemption_requested_at=NOW)]
     res = schedule(snap(nodes, [_h100("production")], signalled, quotas=quotas, now=NOW + 5))
