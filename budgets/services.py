@@ -38,6 +38,7 @@ from budgets.periods import period_bounds
 from config import prepared
 from config.clock import db_now
 from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
+from ledger.signals import funds_changed
 
 LEVEL_RANK = Case(
     When(budget__level=BudgetLevel.ORG, then=Value(0)),
@@ -430,6 +431,7 @@ def set_budget(
            actor_id=str(actor.pk) if actor is not None else "",
            data={"level": level, **_audited(budget), "before": before,
                  "project": project.pk if project else None, "user": user.pk if user else None})
+    funds_changed.send(sender=Budget, org_id=org.pk)
     return budget, created
 
 

@@ -41,6 +41,7 @@ from ledger.services._journal import (
     post_transaction,
     replay,
 )
+from ledger.signals import funds_changed
 
 
 def _issue_params(bucket: Bucket) -> dict[str, Any]:
@@ -152,6 +153,7 @@ def issue_credits(
         txn=txn, subject_type="ledger.bucket", subject_id=wanted.pk, actor=actor, reason=reason,
         reason_code=source, data={"kind": kind, "project": project_id},
     )
+    funds_changed.send(sender=Bucket, org_id=org.pk)
     return wanted
 
 

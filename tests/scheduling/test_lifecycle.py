@@ -271,3 +271,36 @@ def test_a_held_job_waiting_for_funds_stays_held_and_is_funded_when_released(
     job = release_job(job=job, actor=tenant["user"])
     job.refresh_from_db()
     assert job.current_hold is not None and not job.held
+
+
+@pytest.mark.parametrize("change", ["credits", "budget"])
+def test_money_arriving_retries_the_orgs_unfunded_jobs_at_once(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job], change: str,
+    django_capture_on_commit_callbacks: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QA: a job refused for a budget waited for its funding retry (up to two minutes) after the
+    budget was raised, still quoting the old limit. Credits issued or a budget set now retry it."""
+    from budgets.services import set_budget
+    from scheduling import tasks
+    from scheduling.services.lifecycle import fund_waiting_jobs, requeue
+    from tests.factories import fund
+
+    if change == "budget":
+        fund(tenant["org"], 10**12)
+        set_budget(org=tenant["org"], period="month", limit=1, enforcement="hard")
+    job = make_job(S.RUNNING, hold=False)
+    requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
+    job.refresh_from_db()
+    assert job.wait_reason == "budget" and job.not_before > db_now()  # refused, retried later
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.fund_waiting_jobs, "delay", lambda: sent.append("fund"))
+    monkeypatch.setattr(tasks, "schedule_soon", lambda **_kw: sent.append("pass"))
+    with django_capture_on_commit_callbacks(execute=True):
+        if change == "credits":
+            fund(tenant["org"], 10**12)
+        else:
+            set_budget(org=tenant["org"], period="month", limit=10**12, enforcement="hard")
+    assert sent == ["fund", "pass"]
+    assert Job.objects.get(pk=job.pk).not_before <= db_now()  # offered to the funding retry now
+    fund_waiting_jobs()  # what the task runs
+    assert Job.objects.get(pk=job.pk).current_hold is not None
