@@ -118,7 +118,7 @@ def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> i
         hold=hold,
         amount=delta,
         key=f"attempt:{attempt.pk}:progress:{total}",
-        reason=f"attempt {attempt.pk} usage {usage.billable_gpu_ms} gpu-ms",
+        reason=f"job {attempt.job_id} attempt {attempt.number} usage {usage.billable_gpu_ms} gpu-ms",
     )
     hold.captured = total
     metrics.credits_captured(attempt=attempt, amount=delta)  # counted on commit

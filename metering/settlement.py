@@ -69,7 +69,9 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
     capture_total = min(due, hold.captured + hold.remaining)
     before_captured, authorized = hold.captured, hold.authorized
     to_capture, to_release = _budgets_for_settlement(hold, capture_total)
-    hold = settle_hold(hold=hold, capture_total=capture_total, reason=f"attempt {attempt.pk} {outcome}")
+    # Named as the API names it (QA: the internal attempt id read like another org's job).
+    reason = f"job {attempt.job_id} attempt {attempt.number} {outcome}"
+    hold = settle_hold(hold=hold, capture_total=capture_total, reason=reason)
     now = db_now()
     metrics.attempt_settled(attempt=attempt, outcome=outcome, captured=to_capture, settled_at=now)
     if usage is not None:
