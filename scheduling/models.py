@@ -317,6 +317,10 @@ class Job(models.Model):
     attempt_count = models.PositiveIntegerField(default=0)
     max_retries = models.PositiveIntegerField(default=3)
     not_before = models.DateTimeField(null=True, blank=True)  # retry backoff
+    # A job whose new hold was refused is tried again (`lifecycle.fund_waiting_jobs`) from then, or
+    # at once when money arrives (`receivers`); apart from `not_before`, so that arriving money
+    # never cuts a retry backoff (review).
+    funding_retry_at = models.DateTimeField(null=True, blank=True)
     # Until then the scheduler places the job only on types its hold covers without a top-up: one
     # for a dearer type was refused (`adapter/repricing.py`); later, a dearer type is tried again.
     price_capped_until = models.DateTimeField(null=True, blank=True)

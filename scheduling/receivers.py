@@ -17,25 +17,17 @@ log = logging.getLogger("scheduling")
 def retry_funding_soon(sender: Any, *, org_id: int, **_kwargs: Any) -> None:
     """Once the change commits, the org's jobs waiting for funds are tried again at once, not at
     their next funding retry (QA: a job refused for a budget waited up to two minutes after the
-    budget was raised, still quoting the old limit)."""
-    transaction.on_commit(lambda: _retry(org_id))
+    budget was raised, still quoting the old limit). Only a task is sent here, and a failure to
+    send is logged: the change has committed, and nothing after it may fail its caller (review:
+    the job updates, run here, deadlocked with a pass and turned a fresh credit issue into a
+    retried "already issued")."""
+    transaction.on_commit(lambda: _send(org_id), robust=True)
 
 
-def _retry(org_id: int) -> None:
-    from config.clock import db_now
-    from scheduling.core import reasons
-    from scheduling.models import Job, JobState
-    from scheduling.services.lifecycle import funding_retry_at
-    from scheduling.tasks import fund_waiting_jobs, schedule_soon
+def _send(org_id: int) -> None:
+    from scheduling.tasks import retry_org_funding
 
-    now = db_now()
-    queued = Job.objects.filter(org_id=org_id, state=JobState.QUEUED)
-    # A refusal's retry time, not a longer backoff (a lost node's) that the refusal kept.
-    queued.filter(current_hold__isnull=True, wait_reason=reasons.BUDGET, not_before__gt=now,
-                  not_before__lte=funding_retry_at(now)).update(not_before=now)
-    queued.filter(price_capped_until__gt=now).update(price_capped_until=now)  # a refused top-up
     try:
-        fund_waiting_jobs.delay()
-    except Exception:  # committed already; the beat task retries within a minute anyway
-        log.warning("could not ask for an early funding retry", exc_info=True)
-    schedule_soon(trigger="funds")
+        retry_org_funding.delay(org_id)
+    except Exception:  # the beat's funding retry comes within a minute anyway
+        log.warning("could not ask for an early funding retry of org %s", org_id, exc_info=True)

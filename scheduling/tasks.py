@@ -44,6 +44,14 @@ def fund_waiting_jobs() -> int:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def retry_org_funding(org_id: int) -> int:
+    """Money arrived for an org (credits, a budget): retry its unfunded jobs and refused top-ups now."""
+    from scheduling.services.lifecycle import retry_funding_of
+
+    return retry_funding_of(org_id=org_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def cancel_orphaned_dependents() -> int:
     """Cancel queued afterok jobs whose dependency ended unsuccessfully (backstop of the cascade)."""
     from scheduling.services.lifecycle import cancel_orphaned_dependents as sweep

@@ -292,10 +292,12 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
 
 
 def offered_queued(now: datetime) -> QuerySet[Job]:
-    """Queued jobs a pass may be offered: not held, past any retry backoff. Those with dependencies
-    are offered only once they are met (`dependencies.unmet_among`, asked about them alone)."""
+    """Queued jobs a pass may be offered: not held, past any retry backoff and funding retry. Those
+    with dependencies are offered only once they are met (`dependencies.unmet_among`, asked about
+    them alone)."""
     return Job.objects.filter(state=JobState.QUEUED, held=False).filter(
-        Q(not_before__isnull=True) | Q(not_before__lte=now))
+        Q(not_before__isnull=True) | Q(not_before__lte=now)).filter(
+        Q(funding_retry_at__isnull=True) | Q(funding_retry_at__lte=now))
 
 
 def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, PendingRow]]:

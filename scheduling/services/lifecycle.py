@@ -433,37 +433,36 @@ def fund_job(*, job: Job) -> bool:
             hold, priced = reserve_job_hold(job=job, key=key)
     except DomainError as error:
         # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
-        # A longer retry backoff (a lost node) still stands: funding never shortens it.
+        # A retry backoff (a lost node, `not_before`) still stands: funding never shortens it.
         retry_at = funding_retry_at(db_now())
-        if job.not_before is not None and job.not_before > retry_at:
-            retry_at = job.not_before
         detail = str(error.detail)[:DETAIL_MAX_LENGTH]
         changed = Job.objects.filter(pk=job.pk, current_hold__isnull=True).update(
-            wait_reason=reasons.BUDGET, wait_detail=detail, not_before=retry_at, expected_start_at=None
+            wait_reason=reasons.BUDGET, wait_detail=detail, funding_retry_at=retry_at, expected_start_at=None
         )
         if changed and (job.wait_reason, job.wait_detail) != (reasons.BUDGET, detail):
             record(action="sched.job.funding_refused", subject_type="job", subject_id=job.pk,
                    org_id=job.org_id, reason_code=reasons.BUDGET,
                    data={"detail": detail, "type": getattr(error, "type", ""),
                          "retry_at": reasons.utc_time(retry_at.timestamp())})
-        job.wait_reason, job.wait_detail, job.not_before = reasons.BUDGET, detail, retry_at
+        job.wait_reason, job.wait_detail, job.funding_retry_at = reasons.BUDGET, detail, retry_at
         return False
     # Without a hold window the hold is the whole run; with one, the run is priced (at today's prices).
     windowed = hold_seconds(job) < job.max_wall_seconds
     estimate = price_job_hold(job, priced, whole_run=True) if windowed else hold.authorized
-    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=estimate)
-    job.current_hold, job.estimate = hold, estimate
+    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=estimate, funding_retry_at=None)
+    job.current_hold, job.estimate, job.funding_retry_at = hold, estimate, None
     return True
 
 
-def fund_waiting_jobs(*, limit: int = 100) -> int:
+def fund_waiting_jobs(*, limit: int = 100, org_id: int | None = None) -> int:
     """Give queued jobs without a hold (refused at requeue) another try; returns how many got one.
     Not held jobs: a refusal would overwrite their `held` wait (QA: a held job showed `budget` and
     left the `held` filter); `release_job` funds one when it is released."""
     now = db_now()
     ids = list(
         Job.objects.filter(state=S.QUEUED, current_hold__isnull=True, held=False)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .filter(Q(funding_retry_at__isnull=True) | Q(funding_retry_at__lte=now))
+        .filter(Q() if org_id is None else Q(org_id=org_id))
         .order_by("submitted_at", "pk")
         .values_list("pk", flat=True)[:limit]
     )
@@ -473,6 +472,27 @@ def fund_waiting_jobs(*, limit: int = 100) -> int:
             job = lock_job(job_id)
             if job.state == S.QUEUED and job.current_hold_id is None and not job.held:
                 funded += fund_job(job=job)
+    return funded
+
+
+def retry_funding_of(*, org_id: int) -> int:
+    """The org's jobs that wait for funds are due now: those without a hold get one if they can
+    (`fund_waiting_jobs`, theirs first), those whose top-up was refused try the dearer type again.
+    Their rows are locked in id order, as a pass locks them; a retry backoff (`not_before`)
+    stands. Returns how many got a hold."""
+    now = db_now()
+    with transaction.atomic():
+        due = list(
+            Job.objects.select_for_update().filter(state=S.QUEUED, org_id=org_id)
+            .filter(Q(funding_retry_at__gt=now) | Q(price_capped_until__gt=now))
+            .order_by("pk").values_list("pk", flat=True)
+        )
+        Job.objects.filter(pk__in=due, funding_retry_at__gt=now).update(funding_retry_at=now)
+        Job.objects.filter(pk__in=due, price_capped_until__gt=now).update(price_capped_until=now)
+    funded = fund_waiting_jobs(org_id=org_id)
+    from scheduling.tasks import schedule_soon
+
+    schedule_soon(trigger="funds")
     return funded
 
 
