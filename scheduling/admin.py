@@ -350,7 +350,7 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ("state", "held", "held_by_operator", "wait_reason", "priority_class")
     search_fields = ("name", "org__slug", "project__slug", "user__username")
     list_select_related = ("org", "project__org", "priority_class")
-    readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before")
+    readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before", "funding_retry_at")
     inlines = (AttemptInline,)
     actions = ("cancel", "hold", "release")
     date_hierarchy = "submitted_at"

@@ -122,9 +122,12 @@ def standings_of(jobs: list[Job]) -> Standings:
 
 
 def _not_offered(job: Job, now: datetime) -> bool:
-    """Not in the scheduler's queue: held, in retry backoff, or waiting for its dependencies."""
+    """Not in the scheduler's queue: held, in retry backoff, waiting for its funding retry (as
+    `snapshot.offered_queued`; review: read as in the queue, it reordered the queue at every
+    read), or waiting for its dependencies."""
     backoff = job.not_before is not None and job.not_before > now
-    return job.held or backoff or job.wait_reason == reasons.DEPENDENCY
+    funding = job.funding_retry_at is not None and job.funding_retry_at > now
+    return job.held or backoff or funding or job.wait_reason == reasons.DEPENDENCY
 
 
 def job_standing(job: Job) -> JobStanding:

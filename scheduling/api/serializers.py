@@ -273,6 +273,9 @@ class JobPrioritySerializer(serializers.Serializer):
     )
     queue_length = serializers.IntegerField(help_text="Jobs the next pass considers.")
     not_before = serializers.DateTimeField(allow_null=True, help_text="End of a retry backoff, if any.")
+    funding_retry_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When a job whose hold was refused is tried again (sooner if money arrives).")
     priority = serializers.FloatField(allow_null=True, help_text="In class steps; the sum of `terms`.")
     priority_class = serializers.CharField()
     terms = PriorityTermsSerializer(allow_null=True)
@@ -294,7 +297,8 @@ def render_job_priority(found: Any) -> dict[str, Any]:
     job, standing = found.job, found.standing
     body: dict[str, Any] = {
         "job": job.pk, "computed_at": found.computed_at, "position": None,
-        "queue_length": found.queue_length, "not_before": job.not_before, "priority": None,
+        "queue_length": found.queue_length, "not_before": job.not_before,
+        "funding_retry_at": job.funding_retry_at, "priority": None,
         "priority_class": job.priority_class.name, "terms": None, "fair_share": None,
         "wall_seconds": None, "waited_seconds": None, "wait_reason": job.wait_reason,
         "wait_detail": job.wait_detail,

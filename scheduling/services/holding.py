@@ -21,8 +21,7 @@ from config.clock import db_now
 from config.errors import DomainError
 from scheduling.core import reasons
 from scheduling.models import Job, JobState
-from scheduling.services import dependencies
-from scheduling.services.lifecycle import IllegalTransition, audit_actor, fund_job, lock_job
+from scheduling.services.lifecycle import IllegalTransition, audit_actor, fund_job, lock_job, wait_when_funded
 
 
 class HeldByOperator(DomainError):
@@ -74,12 +73,11 @@ def release_job(*, job: Job, actor: Any = None, operator: bool = False) -> Job:
         raise HeldByOperator(f"Job {job.pk} was held by an operator; only an operator can release it.",
                              job_id=job.pk)
     now = db_now()
-    wait = dependencies.wait_reason_of(job)
     if job.current_hold_id is None and not fund_job(job=job):
         # Waiting for funds, not a retry backoff (QA: it said `backoff` until the next funding try).
         wait = (job.wait_reason, job.wait_detail)
-    elif not wait[0] and job.not_before is not None and job.not_before > now:
-        wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
+    else:
+        wait = wait_when_funded(job, now)
     job = _set_held(job, actor, held=False, wait=wait, held_by_operator=False, aging_from=now)
     from scheduling.tasks import schedule_soon
 

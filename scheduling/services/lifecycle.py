@@ -449,9 +449,25 @@ def fund_job(*, job: Job) -> bool:
     # Without a hold window the hold is the whole run; with one, the run is priced (at today's prices).
     windowed = hold_seconds(job) < job.max_wall_seconds
     estimate = price_job_hold(job, priced, whole_run=True) if windowed else hold.authorized
-    Job.objects.filter(pk=job.pk).update(current_hold=hold, estimate=estimate, funding_retry_at=None)
-    job.current_hold, job.estimate, job.funding_retry_at = hold, estimate, None
+    fields: dict[str, Any] = {"current_hold": hold, "estimate": estimate, "funding_retry_at": None}
+    if job.wait_reason == reasons.BUDGET:  # no longer short of money (review: funded during a
+        # backoff, it said `budget` until the backoff ended and a pass rewrote it)
+        fields["wait_reason"], fields["wait_detail"] = wait_when_funded(job, db_now())
+    Job.objects.filter(pk=job.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(job, name, value)
     return True
+
+
+def wait_when_funded(job: Job, now: datetime) -> tuple[str, str]:
+    """A queued job's wait once it has its hold: its dependencies, its retry backoff, or none yet
+    (the next pass says)."""
+    from scheduling.services import dependencies
+
+    wait = dependencies.wait_reason_of(job)
+    if not wait[0] and job.not_before is not None and job.not_before > now:
+        wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
+    return wait
 
 
 def fund_waiting_jobs(*, limit: int = 100, org_id: int | None = None) -> int:

@@ -152,3 +152,33 @@ def test_a_week_of_waiting_lifts_a_job_one_class(api: APIClient, job_body: Calla
     old, fresh = priority(api, batch), priority(api, standard)
     assert old["terms"]["age"] == pytest.approx(1.0 + 1 / (7 * 24), rel=1e-3)
     assert (old["position"], fresh["position"]) == (1, 2)  # the week-old batch job now goes first
+
+
+def test_a_job_waiting_for_its_funding_retry_is_answered_from_the_cached_ordering(
+    api: APIClient, job_body: Callable, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: not offered to the pass (its funding retry is ahead), it was looked up in the
+    cached ordering, never found, and every read ordered the whole queue afresh. The answer says
+    when it is tried again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling import selectors
+    from scheduling.models import Job
+
+    settings.SCHEDULER_QUEUE_VIEW_SECONDS = 60
+    first = submit(api, job_body)
+    waiting = submit(api, job_body)
+    retry = timezone.now() + timedelta(seconds=60)
+    Job.objects.filter(pk=waiting).update(current_hold=None, wait_reason="budget",
+                                          wait_detail="Needs 1.00 credits", funding_retry_at=retry)
+    assert priority(api, first)["position"] == 1  # orders the queue once; cached
+    orderings: list[int] = []
+    real = selectors.order_queue
+    monkeypatch.setattr(selectors, "order_queue", lambda: (orderings.append(1), real())[1])
+    for _ in range(3):
+        body = priority(api, waiting)
+        assert (body["position"], body["wait_reason"]) == (None, "budget")
+    assert orderings == []
+    assert body["funding_retry_at"] is not None and body["not_before"] is None

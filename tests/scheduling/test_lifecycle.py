@@ -323,3 +323,31 @@ def test_a_failure_after_the_commit_does_not_fail_or_repeat_a_credit_issue(
     with django_capture_on_commit_callbacks(execute=True):
         bucket = fund(tenant["org"], 10**12, reference="po-1")
     assert not getattr(bucket, "replayed", False)
+
+
+@pytest.mark.parametrize("how", ["beat", "money-arrives"])
+def test_a_job_funded_during_its_backoff_says_backoff_not_budget(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job], how: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: funded mid-backoff, it kept the refusal's `budget` words while holding its credits,
+    until the backoff ended and a pass rewrote them."""
+    from scheduling import tasks
+    from scheduling.services.lifecycle import fund_waiting_jobs, requeue, retry_funding_of
+    from scheduling.services.tick import run_scheduling_pass
+
+    monkeypatch.setattr(tasks, "schedule_soon", lambda **_kw: None)
+    job = make_job(S.RUNNING, hold=False)  # no credits: the new hold is refused
+    backoff = db_now() + timedelta(minutes=30)
+    requeue(job=job, not_before=backoff, reason_code="requeued-after-node-lost")
+    assert Job.objects.get(pk=job.pk).wait_reason == "budget"
+    fund(tenant["org"], 10**12)
+    if how == "beat":
+        Job.objects.filter(pk=job.pk).update(funding_retry_at=db_now() - timedelta(seconds=1))
+        assert fund_waiting_jobs() == 1
+    else:
+        assert retry_funding_of(org_id=tenant["org"].pk) == 1
+    run_scheduling_pass()  # not offered (backoff): the pass leaves its wait alone
+    job.refresh_from_db()
+    assert job.current_hold is not None and job.not_before == backoff
+    assert job.wait_reason == "backoff" and job.wait_detail.startswith("retry not before")
