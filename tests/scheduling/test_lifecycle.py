@@ -351,3 +351,28 @@ def test_a_job_funded_during_its_backoff_says_backoff_not_budget(
     job.refresh_from_db()
     assert job.current_hold is not None and job.not_before == backoff
     assert job.wait_reason == "backoff" and job.wait_detail.startswith("retry not before")
+
+
+def test_money_arriving_leaves_a_held_unfunded_job_held_until_released(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Held, it is not funded by the retry (review probe); released during its backoff, it gets its
+    hold and says `backoff`."""
+    from scheduling import tasks
+    from scheduling.services.holding import hold_job, release_job
+    from scheduling.services.lifecycle import fund_waiting_jobs, requeue, retry_funding_of
+
+    monkeypatch.setattr(tasks, "schedule_soon", lambda **_kw: None)
+    job = make_job(S.RUNNING, hold=False)
+    backoff = db_now() + timedelta(minutes=30)
+    requeue(job=job, not_before=backoff, reason_code="requeued-after-node-lost")
+    job = hold_job(job=Job.objects.get(pk=job.pk))
+    fund(tenant["org"], 10**12)
+    assert retry_funding_of(org_id=tenant["org"].pk) == 0 and fund_waiting_jobs() == 0
+    job.refresh_from_db()
+    assert (job.held, job.wait_reason, job.current_hold) == (True, "held", None)
+    job = release_job(job=job)
+    job.refresh_from_db()
+    assert job.current_hold is not None and job.funding_retry_at is None
+    assert (job.wait_reason, job.not_before) == ("backoff", backoff)
