@@ -39,8 +39,11 @@ def is_finance(user: AnyUser) -> bool:
 
 
 def visible_orgs(user: AnyUser) -> QuerySet[Organization]:
-    if is_finance(user):
-        return Organization.objects.all()
+    return Organization.objects.all() if is_finance(user) else member_orgs(user)
+
+
+def member_orgs(user: AnyUser) -> QuerySet[Organization]:
+    """The orgs `user` belongs to: by an org role or a project membership."""
     return Organization.objects.filter(
         Q(memberships__user=user) | Q(projects__memberships__user=user)
     ).distinct()

@@ -1,10 +1,12 @@
 """Budget periods: which period of a budget contains an instant (pure functions, no ORM)."""
 
+from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from config.months import month_bounds
 
-__all__ = ["month_bounds", "period_bounds"]
+__all__ = ["current_bounds", "month_bounds", "period_bounds"]
 
 
 def period_bounds(
@@ -17,3 +19,16 @@ def period_bounds(
     if window_start <= now < window_end:
         return window_start, window_end
     return None
+
+
+def current_bounds(budgets: Iterable[Any], now: datetime) -> dict[int, tuple[datetime, datetime]]:
+    """Budget id -> [start, end) of each budget's period containing `now`; a window that does not
+    cover `now` is left out. A budget's current period row is the one starting there: a budget
+    redefined keeps its old definition's rows, and one may still span `now`."""
+    spans = {}
+    for budget in budgets:
+        span = period_bounds(period=budget.period, window_start=budget.window_start,
+                             window_end=budget.window_end, now=now)
+        if span is not None:
+            spans[budget.pk] = span
+    return spans

@@ -34,7 +34,8 @@ from budgets.models import (
     BudgetPeriodKind,
     Enforcement,
 )
-from budgets.periods import period_bounds
+from budgets.periods import current_bounds, period_bounds
+from budgets.selectors import starting_at
 from config import prepared
 from config.clock import db_now
 from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
@@ -113,26 +114,15 @@ def _current_periods(
 ) -> Q | None:
     """Create (if missing) the current period of every applicable budget; a filter that selects
     them, or None when there is none."""
-    wanted: dict[int, tuple[datetime, datetime]] = {}
     budgets = _applicable(org_id, project_id, user_id)
-    if not budgets:
-        return None
-    now = now or db_now()
-    for budget in budgets:
-        bounds = period_bounds(period=budget.period, window_start=budget.window_start,
-                               window_end=budget.window_end, now=now)
-        if bounds is not None:
-            wanted[budget.pk] = bounds
+    wanted = current_bounds(budgets, now or db_now()) if budgets else {}
     if not wanted:
         return None
     BudgetPeriod.objects.bulk_create(
         [BudgetPeriod(budget_id=b, org_id=org_id, starts_at=s, ends_at=e) for b, (s, e) in wanted.items()],
         ignore_conflicts=True,
     )
-    match = Q()
-    for budget_id, (starts, _ends) in wanted.items():
-        match |= Q(budget_id=budget_id, starts_at=starts)
-    return match
+    return starting_at(wanted)
 
 
 def lock_periods_ahead(*, extending: Sequence[Hold], releasing: Sequence[Hold]) -> None:
@@ -145,9 +135,10 @@ def lock_periods_ahead(*, extending: Sequence[Hold], releasing: Sequence[Hold]) 
     match = Q(pk__in=BudgetCharge.objects.filter(hold_id__in=[h.pk for h in releasing])
               .values("period_id")) if releasing else None
     now = db_now() if extending else None
-    for org_id, project_id, user_id in sorted({(h.org_id, h.project_id, h.user_id) for h in extending},
-                                              key=repr):
-        current = _current_periods(org_id=org_id, project_id=project_id, user_id=user_id, now=now)
+    scopes = {(h.org_id, h.project_id or 0, h.user_id or 0) for h in extending}
+    for org_id, project_id, user_id in sorted(scopes):  # inserting missing periods in one order
+        current = _current_periods(org_id=org_id, project_id=project_id or None, user_id=user_id or None,
+                                   now=now)
         if current is not None:
             match = current if match is None else match | current
     if match is not None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
-
-from accounts.models import Organization
+from accounts.selectors import member_orgs
 from scheduling.models import PriorityClass, PriorityGrant
 
 
@@ -14,8 +12,7 @@ def priority_classes_for(user: Any) -> list[dict[str, Any]]:
     """Every class, highest first, with the caller's orgs (those they belong to, by an org role or
     a project membership) that may submit jobs of it: all of them, or for a restricted class
     those granted it."""
-    member = Q(memberships__user=user) | Q(projects__memberships__user=user)
-    mine = sorted(Organization.objects.filter(member).distinct().values_list("pk", flat=True))
+    mine = sorted(member_orgs(user).values_list("pk", flat=True))
     granted: dict[int, set[int]] = {}
     grants = PriorityGrant.objects.filter(org_id__in=mine).values_list("priority_class_id", "org_id")
     for class_id, org_id in grants:

@@ -18,7 +18,7 @@ from audit.services import record
 from config import metrics
 from config.clock import db_now
 from ledger.retry import retry_on_conflict
-from metering.models import AttemptUsage
+from metering.settlement import lock_usage
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.adapter.writer import apply_result
@@ -232,7 +232,7 @@ def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
     return withdrawn
 
 
-def _still_on_a_node_that_is(attempt_id: int, state: str) -> bool:
+def _still_on_a_node_that_is(attempt: JobAttempt, state: str) -> bool:
     """Whether the attempt still holds a GPU of a node in `state`, asked under the attempt's lock.
     On PostgreSQL the node row is locked FOR SHARE: a heartbeat that brings the node back (an
     UPDATE of its row) is seen here if it committed, or waits until this transaction has ended
@@ -240,14 +240,14 @@ def _still_on_a_node_that_is(attempt_id: int, state: str) -> bool:
     heartbeat's one statement updates the usage rows, then the node, and the settlement that
     ends the attempt locks the usage row (review: taken after the node, it deadlocked with a
     heartbeat of the node coming back). SQLite runs one writer at a time."""
-    AttemptUsage.objects.select_for_update().filter(attempt_id=attempt_id).first()
+    lock_usage(attempt)
     lock = " FOR SHARE OF n" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT n.id FROM {Node._meta.db_table} n JOIN {Allocation._meta.db_table} a "  # noqa: S608
             "ON a.node_id = n.id WHERE a.attempt_id = %s AND a.released_at IS NULL AND n.state = %s "
             f"ORDER BY n.id{lock}",
-            [attempt_id, state],
+            [attempt.pk, state],
         )
         return bool(cursor.fetchall())
 
@@ -258,7 +258,7 @@ def _withdraw(attempt_id: int, job_id: int) -> bool:
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
     if attempt.state not in _UNSTARTED or attempt.started_at is not None:
         return False  # started or ended since the sweep read it
-    if not _still_on_a_node_that_is(attempt_id, NodeState.UNKNOWN):
+    if not _still_on_a_node_that_is(attempt, NodeState.UNKNOWN):
         return False  # its node is back
     return finish_attempt(attempt=attempt, outcome="withdrawn").state == JobState.QUEUED
 
@@ -289,7 +289,7 @@ def end_attempts_on_down_nodes(*, limit: int = 200) -> int:
 def _end_lost(attempt_id: int, job_id: int) -> bool:
     lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
-    if attempt.state not in _LIVE or not _still_on_a_node_that_is(attempt_id, NodeState.DOWN):
+    if attempt.state not in _LIVE or not _still_on_a_node_that_is(attempt, NodeState.DOWN):
         return False  # ended, or its node back, since the sweep read it
     finish_attempt(attempt=attempt, outcome="lost")
     return True

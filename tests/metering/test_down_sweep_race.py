@@ -108,8 +108,8 @@ def test_a_heartbeat_during_the_sweeps_re_check_waits_and_does_not_deadlock(
     recheck = tick._still_on_a_node_that_is
     beats: list[threading.Thread] = []
 
-    def recheck_then_heartbeat(attempt_id: int, state: str) -> bool:
-        answer = recheck(attempt_id, state)  # the usage row and the node are locked now
+    def recheck_then_heartbeat(locked: JobAttempt, state: str) -> bool:
+        answer = recheck(locked, state)  # the usage row and the node are locked now
         if not beats:
             beats.append(threading.Thread(target=heartbeat))
             beats[0].start()
