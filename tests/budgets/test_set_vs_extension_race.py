@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from budgets.models import BudgetCharge, BudgetPeriod
 from budgets.services import record_extension, set_budget
@@ -22,6 +22,7 @@ from config.clock import db_now
 from ledger.locks import lock_hold
 from ledger.services import extend_hold, place_hold
 from tests.api.factories import make_tenant
+from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,40 +33,26 @@ def test_redefining_a_budget_while_a_running_job_extends_its_hold_does_not_deadl
     hold = place_hold(org=tenant.org, amount=100, key="running", project=tenant.project, user=tenant.user)
     BudgetPeriod.objects.filter(budget=budget).delete()  # a new month: its period row is not there yet
     hold_locked = threading.Event()
-    errors: list[tuple[str, BaseException]] = []
     window_starts = []
 
     def extension() -> None:  # as metering.charging: the hold, then budgets, then the ledger
-        try:
-            with transaction.atomic():
-                locked = lock_hold(hold.pk)
-                hold_locked.set()
-                time.sleep(0.5)  # the setting now holds the budget row and waits for this hold
-                record_extension(hold=locked, amount=50)
-                extend_hold(hold=locked, amount=50, key="attempt:1:extend:100")
-        except BaseException as error:  # reported below
-            errors.append(("extension", error))
-        finally:
-            connection.close()
+        with transaction.atomic():
+            locked = lock_hold(hold.pk)
+            hold_locked.set()
+            time.sleep(0.5)  # the setting now holds the budget row and waits for this hold
+            record_extension(hold=locked, amount=50)
+            extend_hold(hold=locked, amount=50, key="attempt:1:extend:100")
 
     def redefine() -> None:  # finance: the month becomes a window
-        try:
-            assert hold_locked.wait(10)
-            now = db_now()
-            window_starts.append(now - timedelta(days=1))
-            set_budget(org=tenant.org, period="window", limit=100_000, enforcement="hard",
-                       window_start=now - timedelta(days=1), window_end=now + timedelta(days=1))
-        except BaseException as error:  # reported below
-            errors.append(("set_budget", error))
-        finally:
-            connection.close()
+        assert hold_locked.wait(10)
+        now = db_now()
+        window_starts.append(now - timedelta(days=1))
+        set_budget(org=tenant.org, period="window", limit=100_000, enforcement="hard",
+                   window_start=now - timedelta(days=1), window_end=now + timedelta(days=1))
 
-    threads = [threading.Thread(target=extension), threading.Thread(target=redefine)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert errors == []
+    extending, redefining = Worker(extension).start(), Worker(redefine).start()
+    extending.join(), redefining.join()
+    assert extending.errors == redefining.errors == []
     window = BudgetPeriod.objects.get(budget=budget, starts_at=window_starts[0])
     # The setting waited for the extension, and its seeding counted the grown hold.
     assert window.held == 150

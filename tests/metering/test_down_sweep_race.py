@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.models import MICRO
@@ -30,6 +30,7 @@ from scheduling.services import tick
 from scheduling.services.tick import end_attempts_on_down_nodes
 from tests.lock_waits import another_session_waits
 from tests.metering.conftest import World
+from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,40 +50,25 @@ def test_a_node_back_before_the_down_sweep_ends_its_attempt_keeps_the_attempt(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
 ) -> None:
     attempt = _running_on_a_node_gone_down(world, funded, make_attempt)
-    locked, release, done = threading.Event(), threading.Event(), threading.Event()
-    errors: list[BaseException] = []
+    locked, release = threading.Event(), threading.Event()
 
     def hold_the_job() -> None:  # as a charge or a scheduling pass would
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().get(pk=attempt.job_id)
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=attempt.job_id)
+            locked.set()
+            release.wait(30)
 
-    def sweep() -> None:
-        try:
-            end_attempts_on_down_nodes()
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            done.set()
-            connection.close()
-
-    holder = threading.Thread(target=hold_the_job)
-    holder.start()
+    holder = Worker(hold_the_job).start()
     assert locked.wait(10)
-    sweeper = threading.Thread(target=sweep)
-    sweeper.start()
-    assert another_session_waits(done)  # the sweep has read the attempt and waits for the job
+    sweeper = Worker(end_attempts_on_down_nodes).start()
+    assert another_session_waits(sweeper.done)  # the sweep has read the attempt and waits for the job
     result = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)])
     assert result.accepted == [attempt.pk]
     assert Node.objects.get(pk=world.node.pk).state == NodeState.READY
     release.set()
-    holder.join(30)
-    sweeper.join(30)
-    assert errors == []
+    holder.join()
+    sweeper.join()
+    assert holder.errors == sweeper.errors == []
 
     attempt.refresh_from_db()
     next_beat = ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 3, 1_120_000)])
@@ -93,32 +79,18 @@ def test_a_heartbeat_during_the_sweeps_re_check_waits_and_does_not_deadlock(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attempt = _running_on_a_node_gone_down(world, funded, make_attempt)
-    beat_errors: list[BaseException] = []
-    beat_done = threading.Event()
-
-    def heartbeat() -> None:
-        try:
-            ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)])
-        except BaseException as error:  # reported below
-            beat_errors.append(error)
-        finally:
-            beat_done.set()
-            connection.close()
-
+    beat = Worker(lambda: ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)]))
     recheck = tick._still_on_a_node_that_is
-    beats: list[threading.Thread] = []
 
     def recheck_then_heartbeat(locked: JobAttempt, state: str) -> bool:
         answer = recheck(locked, state)  # the usage row and the node are locked now
-        if not beats:
-            beats.append(threading.Thread(target=heartbeat))
-            beats[0].start()
-            assert another_session_waits(beat_done)
+        if beat.thread.ident is None:  # not started yet: the first re-check
+            beat.start()
+            assert another_session_waits(beat.done)
         return answer
 
     monkeypatch.setattr(tick, "_still_on_a_node_that_is", recheck_then_heartbeat)
     assert tick._end_lost(attempt.pk, attempt.job_id)  # one transaction, as the sweep runs it
-    beats[0].join(30)
-    assert beat_errors == []
+    assert beat.join().errors == []
     attempt.refresh_from_db()
     assert (attempt.state, attempt.outcome) == (AttemptState.ENDED, "lost")  # the sweep came first

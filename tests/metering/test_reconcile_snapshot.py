@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ledger import verification
@@ -24,25 +24,13 @@ from metering.heartbeats import HeartbeatItem
 from metering.services import ingest_heartbeats, settle_attempt
 from scheduling.models import AttemptState, JobAttempt
 from tests.factories import OrganizationFactory, fund
+from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _commit_on_another_connection(work: Callable[[], Any]) -> None:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive() and errors == []
+    assert Worker(work).start().join().errors == []
 
 
 def test_a_capture_committing_between_the_postings_and_the_buckets_read_is_no_difference(
@@ -76,28 +64,21 @@ def test_reconciliation_under_live_captures_reports_nothing() -> None:
         fund(org, 1000 * MICRO)
     holds = [place_hold(org=org, amount=900 * MICRO, key=f"job-{n}") for n in range(20)]
     stop = threading.Event()
-    errors: list[BaseException] = []
     captures = [0]
 
     def charge() -> None:
-        try:
-            while not stop.is_set():
-                for hold in holds:
-                    captures[0] += 1
-                    capture(hold=hold, amount=1000, key=f"p{captures[0]}")
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connection.close()
+        while not stop.is_set():
+            for hold in holds:
+                captures[0] += 1
+                capture(hold=hold, amount=1000, key=f"p{captures[0]}")
 
-    thread = threading.Thread(target=charge)
-    thread.start()
+    charger = Worker(charge).start()
     try:
         reports = [sweeps.reconcile().ledger for _ in range(15)]
     finally:
         stop.set()
-        thread.join(30)
-    assert errors == [] and captures[0] > 15  # captures did commit while it ran
+        charger.join()
+    assert charger.errors == [] and captures[0] > 15  # captures did commit while it ran
     assert verification.verify_ledger() == []
     assert [report for report in reports if report] == []
 

@@ -42,6 +42,7 @@ from tests.api.factories import Tenant, make_tenant
 from tests.factories import MembershipFactory, ProjectFactory, fund
 from tests.lock_waits import another_session_waits
 from tests.scheduling.conftest import H100_PRICE
+from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,39 +57,27 @@ def _submit(tenant: Tenant, project: Project, key: str, *gpu_types: str) -> Job:
         return submit_job(user=tenant.user, project=project, spec=_spec(*gpu_types), idempotency_key=key)
 
 
-class Intruder:
-    """A submission in `project` (or other `work`), started from inside the pass; the pass goes on
-    once it waits for a lock."""
+class Intruder(Worker):
+    """A submission in `project` (or other `work`) in a transaction of its own, started from inside
+    the pass; the pass goes on once it waits for a lock."""
 
     def __init__(self, tenant: Tenant, project: Project, work: Callable[[], Job] | None = None) -> None:
-        self.tenant, self.project = tenant, project
-        self.work = work or (lambda: _submit(self.tenant, self.project, "intruder", "H100"))
-        self.errors: list[BaseException] = []
-        self.done = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.blocked = False
-        self.job: Job | None = None
+        run = work or (lambda: _submit(tenant, project, "intruder", "H100"))
 
-    def _run(self) -> None:
-        try:
+        def in_transaction() -> Job:
             with transaction.atomic():
-                self.job = self.work()
-        except BaseException as error:  # reported by the test
-            self.errors.append(error)
-        finally:
-            self.done.set()
-            connection.close()
+                return run()
+
+        super().__init__(in_transaction)
+        self.blocked = False
+
+    @property
+    def job(self) -> Job | None:
+        return self.result
 
     def start_and_wait(self) -> None:
-        assert self.thread is None  # once per pass
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
+        self.start()
         self.blocked = another_session_waits(self.done)
-
-    def join(self) -> None:
-        assert self.thread is not None
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
