@@ -185,17 +185,13 @@ def _priority_classes() -> dict[str, PriorityInfo]:
 
 
 def catalog_knowing(*, gpu_types: Iterable[str] = (), priority_class: str = "",
-                    regions: Iterable[str] = (), org_id: int | None = None) -> Catalog:
-    """The snapshot, reloaded once if it does not know a name, or if `org_id` may not use the
-    restricted `priority_class` (a row created in another process within the TTL, a grant, is then
-    seen at once; only truly unknown names and refusals cost the extra reads; a revoked grant is
-    seen within the TTL)."""
+                    regions: Iterable[str] = ()) -> Catalog:
+    """The snapshot, reloaded once if it does not know a name (a row created in another process
+    within the TTL is then seen at once; only truly unknown names cost the extra reads)."""
     snap = catalog()
-    cls = snap.priority_classes.get(priority_class)
     if (
         any(name not in snap.memory_gb for name in gpu_types)
-        or (priority_class and cls is None)
-        or (cls is not None and org_id is not None and not cls.open_to(org_id))
+        or (priority_class and priority_class not in snap.priority_classes)
         or any(code not in snap.regions for code in regions)
     ):
         snap = catalog(fresh=True)

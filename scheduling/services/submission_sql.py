@@ -87,7 +87,7 @@ def submit_job_in_sql(
         return None
     try:
         snap = catalog_knowing(gpu_types=spec.gpu_types, priority_class=spec.priority_class,
-                               regions=spec.regions, org_id=project.org_id)
+                               regions=spec.regions)
         cls, preemptible = validate_spec(spec, snap, project.org_id)
         types = eligible_types(list(spec.gpu_types), spec.gpu_memory_gb, snap)
         if why_never_runs(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk):

@@ -79,7 +79,7 @@ def test_the_admin_offers_only_restricted_classes_to_grant(client: Client) -> No
 def test_a_grant_made_by_another_process_is_seen_at_once(
     ungranted: Any, django_capture_on_commit_callbacks: Callable[..., Any]
 ) -> None:
-    """The catalog is cached per process; a grant written elsewhere (no signal here) is read again
+    """The catalog is cached per process; a grant written elsewhere (no signal here) is looked up
     before a refusal, so the org need not wait for the cache to expire."""
     catalog()  # warm: production is restricted and the org is not granted it
     PriorityGrant.objects.bulk_create([PriorityGrant(  # no post_save: as if from another process
