@@ -124,10 +124,11 @@ def standings_of(jobs: list[Job]) -> Standings:
 def _not_offered(job: Job, now: datetime) -> bool:
     """Not in the scheduler's queue: held, in retry backoff, waiting for its funding retry (as
     `snapshot.offered_queued`; review: read as in the queue, it reordered the queue at every
-    read), or waiting for its dependencies."""
+    read), waiting for its dependencies, or for a grant of its priority class."""
     backoff = job.not_before is not None and job.not_before > now
     funding = job.funding_retry_at is not None and job.funding_retry_at > now
-    return job.held or backoff or funding or job.wait_reason == reasons.DEPENDENCY
+    not_in_queue = job.wait_reason in (reasons.DEPENDENCY, reasons.CLASS_NOT_GRANTED)
+    return job.held or backoff or funding or not_in_queue
 
 
 def job_standing(job: Job) -> JobStanding:

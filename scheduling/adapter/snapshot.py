@@ -15,6 +15,7 @@ from django.db.models import (
     Count,
     DateTimeField,
     DurationField,
+    Exists,
     ExpressionWrapper,
     F,
     OuterRef,
@@ -40,6 +41,7 @@ from scheduling.models import (
     JobState,
     Node,
     PriorityClass,
+    PriorityGrant,
     Quota,
     scheduling_state,
     scheduling_state_at,
@@ -80,6 +82,7 @@ class Loaded:
     type_ids: dict[str, int]
     pending: dict[int, PendingRow]
     attempt_orgs: dict[int, int] = field(default_factory=dict)  # live attempt id -> org id
+    not_granted: tuple[NotGranted, ...] = ()  # left out of the snapshot: see `not_granted_queued`
 
 
 def epoch(value: datetime) -> float:
@@ -291,13 +294,60 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     return nodes, tuple(running), orgs
 
 
-def offered_queued(now: datetime) -> QuerySet[Job]:
-    """Queued jobs a pass may be offered: not held, past any retry backoff and funding retry. Those
-    with dependencies are offered only once they are met (`dependencies.unmet_among`, asked about
-    them alone)."""
+def _waiting_queued(now: datetime) -> QuerySet[Job]:
+    """Queued, not held, past any retry backoff and funding retry."""
     return Job.objects.filter(state=JobState.QUEUED, held=False).filter(
         Q(not_before__isnull=True) | Q(not_before__lte=now)).filter(
         Q(funding_retry_at__isnull=True) | Q(funding_retry_at__lte=now))
+
+
+def _class_not_granted() -> Q:
+    """The job's priority class is restricted and its org holds no grant of it (revoked since the
+    job was submitted, or the class restricted since)."""
+    granted = PriorityGrant.objects.filter(
+        org_id=OuterRef("org_id"), priority_class_id=OuterRef("priority_class_id"))
+    return Q(priority_class__restricted=True) & ~Exists(granted)
+
+
+def offered_queued(now: datetime) -> QuerySet[Job]:
+    """Queued jobs a pass may be offered: not held, past any retry backoff and funding retry, their
+    org still granted their class if it is restricted. Those with dependencies are offered only
+    once they are met (`dependencies.unmet_among`, asked about them alone)."""
+    return _waiting_queued(now).exclude(_class_not_granted())
+
+
+@dataclass(frozen=True, slots=True)
+class NotGranted:
+    """A queued job kept out of the pass because its org may no longer use its priority class."""
+
+    job_id: int
+    org_id: int
+    detail: str
+    wait_reason: str
+    wait_detail: str
+
+
+def not_granted_queued(now: datetime) -> tuple[NotGranted, ...]:
+    """Queued jobs that would be offered but for their class (Slurm leaves a job whose QOS its
+    association lost pending, never started): they wait, holding their credits, until the class
+    is granted again or they are cancelled; running ones run on (review: a revoked `production`
+    grant left the org's queued jobs preempting other orgs' work)."""
+    rows = list(
+        _waiting_queued(now).filter(_class_not_granted())
+        .values_list("id", "org_id", "org__name", "priority_class__name", "wait_reason", "wait_detail",
+                     "dependency")
+    )
+    with_dependencies = [row[0] for row in rows if row[-1]]
+    blocked = dependencies.unmet_among(with_dependencies) if with_dependencies else set()
+    return tuple(
+        NotGranted(job_id, org_id, not_granted_detail(klass, org), reason, detail)
+        for job_id, org_id, org, klass, reason, detail, _dependency in rows if job_id not in blocked
+    )
+
+
+def not_granted_detail(klass: str, org: str) -> str:
+    return (f"priority class {klass} is no longer granted to {org}: an administrator may grant it again, "
+            "or cancel the job and submit it in another class")
 
 
 def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, PendingRow]]:
@@ -390,4 +440,5 @@ def load_snapshot(*, now: datetime, config: core.Config | None = None) -> Loaded
         quotas=load_quotas(),
         config=config,
     )
-    return Loaded(snapshot=snapshot, now=now, type_ids=type_ids, pending=rows, attempt_orgs=attempt_orgs)
+    return Loaded(snapshot=snapshot, now=now, type_ids=type_ids, pending=rows, attempt_orgs=attempt_orgs,
+                  not_granted=not_granted_queued(now))

@@ -340,6 +340,15 @@ def _skip(
                 action="sched.skip", subject_type="job", subject_id=skip.job_id, org_id=row.org_id,
                 reason_code=skip.reason_code, data={"detail": detail, "previous": row.wait_reason},
             ))
+    for job in loaded.not_granted:
+        if (job.wait_reason, job.wait_detail) == (core_reasons.CLASS_NOT_GRANTED, job.detail):
+            continue
+        changed.append((job.job_id, core_reasons.CLASS_NOT_GRANTED, job.detail, None))
+        events.append(_event(
+            action="sched.skip", subject_type="job", subject_id=job.job_id, org_id=job.org_id,
+            reason_code=core_reasons.CLASS_NOT_GRANTED,
+            data={"detail": job.detail, "previous": job.wait_reason},
+        ))
     if changed:
         _write_wait_reasons(changed)
     applied.reasons_changed = len(changed)

@@ -24,6 +24,9 @@ WAITING_FOR_PREEMPTION = "waiting-for-preemption"
 BACKOFF = "backoff"  # set by the lifecycle, not the core: requeued after a lost node, retry not before T
 DEPENDENCY = "dependency"  # set at submission, not the core: waits for the jobs it depends on to end
 HELD = "held"  # set by the lifecycle, not the core: held by its user until released
+# set by the adapter, not the core: its org is no longer granted its restricted priority class (Slurm's
+# pending reason when a job's QOS is taken from its association)
+CLASS_NOT_GRANTED = "class-not-granted"
 RESERVED_PREFIX = "reserved-for-job-"
 
 
@@ -34,7 +37,7 @@ def reserved_for(job_id: int) -> str:
 
 WAIT_REASONS: frozenset[str] = frozenset(
     {QUOTA, RESOURCES, PRIORITY, BUDGET, NO_MATCHING_GPU_TYPE, WAITING_FOR_PREEMPTION, BACKOFF, DEPENDENCY,
-     HELD}
+     HELD, CLASS_NOT_GRANTED}
 )
 
 

@@ -113,3 +113,55 @@ def test_a_grant_cannot_be_moved_to_another_org(tenant: Any, ungranted: Any, cli
     client.post(url, {"org": ungranted.org.pk, "priority_class": grant.priority_class_id})
     assert PriorityGrant.objects.get(pk=grant.pk).org == tenant.org
     assert not AuditEvent.objects.filter(action="sched.priority_grant.changed", data__fields__has_key="org")
+
+
+def test_queued_jobs_of_an_org_whose_grant_is_revoked_wait_until_it_is_granted_again(
+    tenant: Any, client: Client
+) -> None:
+    """Review: a revoked grant only stopped new submissions; the org's queued `production` jobs
+    were still placed, unpreemptible, and could preempt other orgs' work. They now wait (Slurm
+    leaves a job whose QOS its association lost pending), holding their credits, out of the queue."""
+    from scheduling.services.tick import run_scheduling_pass
+
+    api = client_for(tenant.user)
+    response = post(api, _body(tenant))
+    assert response.status_code == 201, response.json()
+    job_id = response.json()["id"]
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    grant = PriorityGrant.objects.get(org=tenant.org)
+    deleted = client.post(reverse("admin:scheduling_prioritygrant_delete", args=[grant.pk]), {"post": "yes"})
+    assert deleted.status_code == 302 and not PriorityGrant.objects.filter(org=tenant.org)
+
+    run_scheduling_pass(trigger="test")
+    job = Job.objects.get(pk=job_id)
+    assert job.state == "queued"
+    assert job.wait_reason == "class-not-granted"
+    assert job.wait_detail == (f"priority class production is no longer granted to {tenant.org.name}: an "
+                               "administrator may grant it again, or cancel the job and submit it in "
+                               "another class")
+    assert job.current_hold.state == "active" and job.current_hold.released == 0
+    skip = AuditEvent.objects.get(action="sched.skip", subject_id=str(job_id))
+    assert skip.reason_code == "class-not-granted" and skip.data["previous"] == ""
+    run_scheduling_pass(trigger="test")  # unchanged: no second event
+    assert AuditEvent.objects.filter(action="sched.skip", subject_id=str(job_id)).count() == 1
+    standing = api.get(f"/api/v1/jobs/{job_id}/priority").json()
+    assert standing["wait_reason"] == "class-not-granted" and standing["position"] is None
+
+    added = client.post(reverse("admin:scheduling_prioritygrant_add"),
+                        {"org": tenant.org.pk, "priority_class": grant.priority_class_id})
+    assert added.status_code == 302
+    run_scheduling_pass(trigger="test")
+    assert Job.objects.get(pk=job_id).state == "scheduled"
+
+
+def test_a_class_restricted_after_submission_holds_back_the_jobs_of_orgs_not_granted_it(
+    ungranted: Any,
+) -> None:
+    from scheduling.services.tick import run_scheduling_pass
+
+    response = post(client_for(ungranted.user), _body(ungranted, priority_class="premium"))
+    assert response.status_code == 201, response.json()
+    PriorityClass.objects.filter(name="premium").update(restricted=True)
+    run_scheduling_pass(trigger="test")
+    job = Job.objects.get(pk=response.json()["id"])
+    assert (job.state, job.wait_reason) == ("queued", "class-not-granted")

@@ -69,8 +69,12 @@ def fleet(db: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def tenant(db: Any) -> dict[str, Any]:
+    """An org granted the restricted `production` class (its queued jobs of it are offered)."""
+    from tests.api.factories import grant
+
     project = ProjectFactory()
     user = UserFactory()
+    grant(project.org)
     return {"org": project.org, "project": project, "user": user}
 
 
