@@ -66,6 +66,8 @@ def agent_view(*methods: str) -> Callable[[View], View]:
                     body = json.loads(request.body)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     return problem(400, "invalid-json", "Invalid request", "The body is not JSON.")
+                except RecursionError:  # review: `[[[[...]]]]` 100,000 deep was a 500
+                    return problem(400, "invalid-json", "Invalid request", "The body is nested too deeply.")
             try:
                 return view(request, node, body, *args, **kwargs)
             except DomainError as error:
