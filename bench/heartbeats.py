@@ -80,7 +80,7 @@ def recreate_database() -> None:
 
 
 def seed(senders: int, batch: int) -> Fleet:
-    """Nodes with real tokens, jobs with real holds, attempts running since an hour (DB clock)."""
+    """Nodes with real tokens, jobs with real holds, attempts running for a week (DB clock)."""
     os.environ.update(ENV)
     import django
 
@@ -115,7 +115,10 @@ def seed(senders: int, batch: int) -> Fleet:
         org=org, amount=10**6 * MICRO, kind="paid", source="purchase", reference="bench", reason="bench"
     )
     klass = PriorityClass.objects.get(name="standard")
-    started = timezone.now() - timezone.timedelta(hours=1)
+    # Started a week ago: each heartbeat claims 1 s more per attempt, and at ~150,000 heartbeats/s the
+    # three phases claim more than an hour per attempt; the server caps usage at the elapsed time,
+    # which with a one-hour start read as lost heartbeats (session 16).
+    started = timezone.now() - timezone.timedelta(days=7)
     nodes = []
     for n in range(senders):
         node = Node.objects.create(

@@ -8,6 +8,13 @@ node, with the node's liveness stamp and the node's stop requests folded into th
 No bucket, budget or hold row is touched: the hold already covers the money; `charge_progress`
 turns usage into captures off the hot path.
 
+A gang on several nodes (one attempt) is metered from each of its nodes: an agent reports the GPU-ms
+of its own GPUs, and the server scales that to the gang's live GPUs (`x gang / here`), since the
+gang holds all its GPUs for as long as any part runs; the attempt keeps the highest such figure,
+i.e. the longest-running part's time on every GPU of the gang (review: the highest raw report was
+kept, and an 8-GPU gang on two nodes was billed for 4 GPUs). Once a part has exited its GPUs are
+released and no longer counted.
+
 Idempotent by (attempt, seq) and order-free: the stored values only ever move forward
 (`GREATEST`), so a duplicate, a replay or a late, reordered heartbeat changes nothing. Billable
 usage is `min(max reported, elapsed since started_at x gpu_count x (1 + tolerance) + slack)`,
@@ -20,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
+from django.db.models import Count, Q
 
 from config.clock import db_now
 from metering import conf
@@ -103,7 +111,14 @@ HOT_SQL = f"""
             %(utils)s::double precision[], %(mems)s::bigint[]) AS v (attempt_id, seq, gpu_ms, util, mem)
     ),
     ok AS (
-        SELECT v.attempt_id, v.seq, v.gpu_ms, v.util, v.mem,
+        SELECT v.attempt_id, v.seq, v.util, v.mem,
+               -- a gang's part: this node's GPU-ms scaled to the gang's live GPUs (module doc);
+               -- evaluated only for attempts on several nodes
+               CASE WHEN a.node_count > 1 THEN (
+                   SELECT LEAST({MAX_BIGINT}, FLOOR(v.gpu_ms::numeric * count(*)
+                                / NULLIF(count(*) FILTER (WHERE al.node_id = %(node)s), 0)))::bigint
+                   FROM {ALLOC} al WHERE al.attempt_id = a.id AND al.released_at IS NULL
+               ) ELSE v.gpu_ms END AS gpu_ms,
                -- the cap: elapsed on the DB clock x GPUs x (1 + ratio) + slack per GPU
                GREATEST(0, FLOOR(EXTRACT(EPOCH FROM (now() - a.started_at)) * 1000.0 * a.gpu_count
                                  * (1.0 + %(ratio)s::double precision)))::bigint
@@ -279,13 +294,15 @@ def _apply_usage_portable(
                 allocations__released_at__isnull=True,
             ).distinct()
         }
+        shares = gang_shares(node_id=node_id, attempt_ids=list(live))
         usages = AttemptUsage.objects.filter(attempt_id__in=list(live), settled_at__isnull=True)
         for usage in usages:
             item = next(it for it in items if it.attempt_id == usage.attempt_id)
             attempt = live[usage.attempt_id]
             elapsed_ms = max(0.0, (now - attempt.started_at).total_seconds() * 1000.0)
             cap = int(elapsed_ms * attempt.gpu_count * (1.0 + ratio)) + slack * attempt.gpu_count
-            reported = max(usage.reported_gpu_ms, item.cumulative_gpu_ms)
+            here, gang = shares[usage.attempt_id]
+            reported = max(usage.reported_gpu_ms, min(MAX_BIGINT, item.cumulative_gpu_ms * gang // here))
             usage.billable_gpu_ms = max(usage.billable_gpu_ms, min(reported, cap))
             usage.reported_gpu_ms = reported
             if item.seq > usage.last_seq:
@@ -297,3 +314,11 @@ def _apply_usage_portable(
             accepted.append(usage.attempt_id)
     stops = stops_for_node(node_id=node_id) if with_stops else []
     return sorted(accepted), stops
+
+
+def gang_shares(*, node_id: int, attempt_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """Attempt id -> (its live GPUs on this node, its live GPUs in all): HOT_SQL's `part`."""
+    rows = (Allocation.objects.filter(attempt_id__in=attempt_ids, released_at__isnull=True)
+            .values("attempt_id").annotate(here=Count("pk", filter=Q(node_id=node_id)), gang=Count("pk"))
+            .values_list("attempt_id", "here", "gang"))
+    return {attempt_id: (here, gang) for attempt_id, here, gang in rows}

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
+from config.clock import db_now
 from config.errors import DomainError
 from ledger.retry import retry_on_conflict
 from metering import conf
@@ -56,10 +57,15 @@ def _attempt_on_node(node: Node, attempt_id: int) -> JobAttempt:
 
 
 def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
-    """Attempts to start here (scheduled, with their GPUs) and attempts to stop here."""
+    """Attempts to start here (with their GPUs on this node) and attempts to stop here.
+
+    An attempt's part is listed until this node reports it started: a gang on several nodes is
+    running once its first part has started, and its other nodes must still start theirs (review:
+    only `scheduled` attempts were listed, so the second node of a gang never started its half)."""
     rows = (
         Allocation.objects.filter(
-            node_id=node.pk, released_at__isnull=True, attempt__state=AttemptState.SCHEDULED
+            node_id=node.pk, released_at__isnull=True, started_at__isnull=True,
+            attempt__state__in=(AttemptState.SCHEDULED, AttemptState.RUNNING),
         )
         .values_list(
             "attempt_id",
@@ -87,7 +93,24 @@ def assignments(*, node: Node) -> dict[str, list[dict[str, Any]]]:
             },
         )
         item["gpu_indices"].append(gpu_index)
+    if starts:
+        _add_gang_env(starts, node)
     return {"start": list(starts.values()), "stop": stops_for_node(node_id=node.pk)}
+
+
+def _add_gang_env(starts: dict[int, dict[str, Any]], node: Node) -> None:
+    """Tell each part which nodes its gang runs on, as Slurm's SLURM_JOB_NODELIST / SLURM_NODEID
+    do (a distributed launcher needs its peers and its rank): `GPUBANK_NODES` (names in rank order,
+    comma-separated), `GPUBANK_NUM_NODES`, `GPUBANK_NODE_RANK` (this node's place in the list)."""
+    nodes: dict[int, list[str]] = {}
+    rows = (Allocation.objects.filter(attempt_id__in=list(starts)).values_list("attempt_id", "node__name")
+            .distinct().order_by("attempt_id", "node__name"))
+    for attempt_id, name in rows:
+        nodes.setdefault(attempt_id, []).append(name)
+    for attempt_id, item in starts.items():
+        names = nodes.get(attempt_id) or [node.name]
+        item["env"].update({"GPUBANK_NODES": ",".join(names), "GPUBANK_NUM_NODES": str(len(names)),
+                            "GPUBANK_NODE_RANK": str(names.index(node.name))})
 
 
 def report_started(*, node: Node, attempt_id: int) -> JobAttempt:
@@ -99,6 +122,11 @@ def report_started(*, node: Node, attempt_id: int) -> JobAttempt:
         raise AttemptAlreadyEnded(f"Attempt {attempt_id} has ended.", attempt_id=attempt_id)
     with transaction.atomic():
         attempt = mark_attempt_started(attempt=attempt)
+        if attempt.state == AttemptState.ENDED:  # ended (withdrawn, say) while we waited for its lock
+            raise AttemptAlreadyEnded(f"Attempt {attempt_id} has ended.", attempt_id=attempt_id)
+        # This node's part runs (a gang's parts start apart).
+        Allocation.objects.filter(attempt_id=attempt.pk, node_id=node.pk, started_at__isnull=True,
+                                  released_at__isnull=True).update(started_at=db_now())
         ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt.pk])
     return attempt
 
@@ -131,7 +159,7 @@ def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResul
     Idempotent by attempt: a repeat, or a late report for an attempt reconciliation already settled
     (lost node), changes nothing and is answered like the first one.
     """
-    from scheduling.services.lifecycle import finish_attempt
+    from scheduling.services.lifecycle import end_gang_part, finish_attempt
 
     if report.outcome not in AGENT_OUTCOMES:
         raise InvalidReport(f"Unknown outcome {report.outcome!r}.", outcome=report.outcome)
@@ -142,10 +170,17 @@ def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResul
         attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
         if attempt.state == AttemptState.ENDED:
             return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=True)
+        mine = Allocation.objects.filter(attempt_id=attempt_id, node_id=node.pk, released_at__isnull=True)
+        if not mine.exists():  # this node's part of a gang has exited already: a repeat
+            return ExitResult(attempt_id, job.state, attempt.first_part_outcome or report.outcome,
+                              duplicate=True)
         if attempt.started_at is not None:
             ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt_id])
             item = HeartbeatItem(attempt_id, report.seq, report.cumulative_gpu_ms)
             apply_usage(node_id=node.pk, items=[item])
+        code = report.exit_code
+        if end_gang_part(attempt=attempt, node_id=node.pk, outcome=report.outcome, exit_code=code):
+            return ExitResult(attempt_id, job.state, report.outcome, duplicate=False)
         job = finish_attempt(attempt=attempt, outcome=report.outcome, exit_code=report.exit_code)
         attempt.refresh_from_db()
         return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=False)

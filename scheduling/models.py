@@ -388,6 +388,11 @@ class JobAttempt(models.Model):
     grace_seconds = models.PositiveIntegerField(default=0)
     outcome = models.CharField(max_length=32, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
+    # A gang on several nodes ends when its last part does; the first part to exit decides how it
+    # ended (docs/metering.md, "Gangs on several nodes").
+    node_count = models.PositiveSmallIntegerField(default=1)  # nodes its GPUs are on (a gang: > 1)
+    first_part_outcome = models.CharField(max_length=32, blank=True, default="")
+    first_part_exit_code = models.IntegerField(null=True, blank=True)
     backfilled = models.BooleanField(default=False)
 
     class Meta:
@@ -412,6 +417,8 @@ class Allocation(models.Model):
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
     gpu_index = models.PositiveSmallIntegerField()
     allocated_at = models.DateTimeField()
+    # When this node's agent reported its part of the attempt started (a gang's parts start apart).
+    started_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -78,6 +78,7 @@ def _attempt_for(place: core.Place, row: PendingRow, number: int, loaded: Loaded
         state=AttemptState.SCHEDULED,
         gpu_type_id=loaded.type_ids[place.gpu_type],
         gpu_count=sum(len(idx) for _, idx in place.allocations),
+        node_count=len({node_id for node_id, _ in place.allocations}),
         rate_per_gpu_hour=place.rate_micro_per_gpu_hour,
         hold_id=row.hold_id,
         scheduled_at=loaded.now,

@@ -356,6 +356,37 @@ def effective_outcome(attempt: JobAttempt, reported: str) -> str:
     return reported
 
 
+def end_gang_part(*, attempt: JobAttempt, node_id: int, outcome: str, exit_code: int | None) -> bool:
+    """A part of a gang on several nodes exited on `node_id` while parts on other nodes still run:
+    release this node's GPUs, keep the first part's outcome (it decides how the attempt ends, as a
+    Slurm job ends with its batch step), and ask the other parts to stop with the timeout grace.
+    False when no other part runs: the caller ends the attempt. Caller holds the job and attempt
+    locks (review: the first part's exit ended the attempt and released the other nodes' GPUs
+    while their parts still ran)."""
+    others = Allocation.objects.filter(attempt_id=attempt.pk, released_at__isnull=True,
+                                       started_at__isnull=False).exclude(node_id=node_id)
+    if not others.exists():
+        return False
+    from metering.conf import timeout_grace_seconds
+
+    now = db_now()
+    Allocation.objects.filter(attempt_id=attempt.pk, node_id=node_id, released_at__isnull=True).update(
+        released_at=now)
+    fields: dict[str, Any] = {}
+    if not attempt.first_part_outcome:
+        fields.update(first_part_outcome=effective_outcome(attempt, outcome), first_part_exit_code=exit_code)
+    if attempt.state == AttemptState.RUNNING:
+        # No stop reason: the first part's outcome, not a stop, explains how the attempt ends.
+        fields.update(state=AttemptState.STOPPING, stop_requested_at=now,
+                      grace_seconds=int(timeout_grace_seconds()))
+    JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
+    record(action="sched.attempt.part_ended", subject_type="attempt", subject_id=attempt.pk,
+           org_id=attempt.org_id, actor_type=AuditEvent.ActorType.AGENT, actor_id=str(node_id),
+           reason_code=outcome, data={"job": attempt.job_id, "attempt": attempt.number, "node": node_id,
+                                      "exit_code": exit_code})
+    return True
+
+
 @transaction.atomic
 def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None = None) -> Job:
     """End an attempt: release its GPUs, settle its usage, then requeue the job or end it.
@@ -367,6 +398,8 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
     if attempt.state == AttemptState.ENDED:
         return job
     final = effective_outcome(attempt, outcome)
+    if attempt.first_part_outcome:  # a gang whose first part has exited: that part says how it ended
+        final, exit_code = attempt.first_part_outcome, attempt.first_part_exit_code
     now = db_now()
     changed = JobAttempt.objects.filter(pk=attempt.pk, state=attempt.state).update(
         state=AttemptState.ENDED, ended_at=now, outcome=final, exit_code=exit_code

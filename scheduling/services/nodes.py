@@ -120,7 +120,8 @@ def register_node(
     """(Re)register the node's agent: check its inventory, mark it live, list what runs there.
 
     A fresh agent runs nothing, so the attempts listed as running are the ones it will report lost.
-    Scheduled (not yet started) attempts are not listed: the agent gets them from /assignments.
+    Attempts whose part here has not started (scheduled ones, or a gang running on its other nodes)
+    are not listed: the agent gets them from /assignments.
     """
     node = Node.objects.select_for_update().get(pk=node.pk)
     count = _check_inventory(node, gpus)
@@ -144,6 +145,7 @@ def register_node(
                 state__in=(AttemptState.RUNNING, AttemptState.STOPPING),
                 allocations__node=node,
                 allocations__released_at__isnull=True,
+                allocations__started_at__isnull=False,
             ).values_list("pk", flat=True)
         )
     )

@@ -80,7 +80,8 @@ def test_full_protocol_round_trip(world: World, funded: Any, submit: Callable[..
             "gpu_indices": sorted(a.gpu_index for a in attempt.allocations.all()),
             "max_wall_seconds": 3600,
             "timeout_grace_seconds": 30,
-            "env": {"GPUBANK_ATTEMPT_NUMBER": "1"},
+            "env": {"GPUBANK_ATTEMPT_NUMBER": "1", "GPUBANK_NODES": "h100-1", "GPUBANK_NUM_NODES": "1",
+                    "GPUBANK_NODE_RANK": "0"},
         }
     ]
     assert post(client, f"/attempts/{attempt.pk}/started", {}).status_code == 200

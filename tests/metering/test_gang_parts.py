@@ -1,0 +1,141 @@
+"""A gang on several nodes (one attempt, parts on nodes of one IB group) is started on every node,
+billed for all its GPUs, and ends when its last part does (review: billed for one node's GPUs,
+its second node never told to start, its first part's exit released every node's GPUs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from audit.models import AuditEvent
+from ledger.models import HoldState
+from metering.models import AttemptUsage
+from scheduling.models import Allocation, AttemptState, JobAttempt, Node, NodeState
+from scheduling.services.nodes import issue_node_token
+from tests.metering.conftest import World, mark_node_alive, place_pending, shift_started
+
+PREFIX = "/api/v1/agent"
+PER_NODE_MS = 4 * 600_000  # each node's 4 GPUs for 600 s
+
+
+def agent(token: str) -> Client:
+    return Client(headers={"Authorization": f"Bearer {token}"})
+
+
+def post(client: Client, path: str, body: Any) -> Any:
+    return client.post(f"{PREFIX}{path}", body, content_type="application/json")
+
+
+@pytest.fixture
+def gang(world: World, funded: Any, submit: Any) -> tuple[JobAttempt, list[Client], list[Node]]:
+    """An 8-GPU job placed on two 4-GPU H100 nodes of one IB group (nothing else can hold it)."""
+    funded()
+    Node.objects.filter(pk=world.node.pk).update(gpu_count=4, ib_group="ib-1")
+    world.node.refresh_from_db()
+    other = Node.objects.create(name="h100-2", region=world.region, gpu_type=world.h100, gpu_count=4,
+                                state=NodeState.READY, ib_group="ib-1")
+    tokens = {world.node.pk: world.token, other.pk: issue_node_token(node=other)}
+    mark_node_alive(world.node)
+    mark_node_alive(other)
+    submit(gpus=8, max_wall_seconds=3600)
+    [attempt] = place_pending()
+    nodes = sorted({a.node for a in attempt.allocations.all()}, key=lambda n: n.pk)
+    assert [n.pk for n in nodes] == sorted(tokens), "the scheduler placed the gang across both nodes"
+    return attempt, [agent(tokens[n.pk]) for n in nodes], nodes
+
+
+def _start_both(attempt: JobAttempt, agents: list[Client]) -> None:
+    for client in agents:
+        assert post(client, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    shift_started(attempt, 600)
+
+
+def test_every_node_of_a_gang_is_told_to_start_its_part_with_its_peers(gang: Any) -> None:
+    attempt, (first, second), _nodes = gang
+    start = first.get(f"{PREFIX}/assignments").json()["start"]
+    assert [s["attempt_id"] for s in start] == [attempt.pk] and len(start[0]["gpu_indices"]) == 4
+    assert start[0]["env"] | {"GPUBANK_ATTEMPT_NUMBER": "1"} == {
+        "GPUBANK_ATTEMPT_NUMBER": "1", "GPUBANK_NODES": "h100-1,h100-2", "GPUBANK_NUM_NODES": "2",
+        "GPUBANK_NODE_RANK": "0"}
+    assert post(first, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    # The attempt is running, and the second node still gets its half (it never did).
+    start = second.get(f"{PREFIX}/assignments").json()["start"]
+    assert [s["attempt_id"] for s in start] == [attempt.pk]
+    assert start[0]["env"]["GPUBANK_NODE_RANK"] == "1"
+    assert first.get(f"{PREFIX}/assignments").json()["start"] == []  # started here: not again
+    # A restarted agent of the second node is not told its unstarted half runs (it would report
+    # it lost); once started there, it is.
+    gpus = [{"index": i, "model": "H100", "memory_gb": 80, "uuid": f"b{i}"} for i in range(4)]
+    assert post(second, "/register", {"gpus": gpus}).json()["running_attempts"] == []
+    assert post(second, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    assert second.get(f"{PREFIX}/assignments").json()["start"] == []
+    assert post(second, "/register", {"gpus": gpus}).json()["running_attempts"] == [attempt.pk]
+
+
+def test_a_gang_is_billed_for_all_its_gpus(gang: Any) -> None:
+    attempt, agents, _nodes = gang
+    _start_both(attempt, agents)
+    for client in agents:  # each agent reports its own 4 GPUs, as the protocol defines it
+        body = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": PER_NODE_MS}]}
+        assert post(client, "/heartbeats", body).json()["accepted"] == 1
+    assert AttemptUsage.objects.get(attempt=attempt).billable_gpu_ms == 2 * PER_NODE_MS
+
+
+def test_a_gang_ends_when_its_last_part_exits_and_settles_on_all_its_gpus(gang: Any) -> None:
+    attempt, (first, second), nodes = gang
+    _start_both(attempt, [first, second])
+    done = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": 0, "signal": None,
+            "outcome": "completed"}
+    answer = post(first, f"/attempts/{attempt.pk}/exit", done).json()
+    assert (answer["duplicate"], answer["outcome"]) == (False, "completed")
+    attempt.refresh_from_db()
+    # Still running on the second node: its GPUs stay allocated, the first node's are free; the
+    # second part is asked to stop with the timeout grace.
+    assert attempt.state == AttemptState.STOPPING and attempt.stop_reason == ""
+    live = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
+    assert set(live.values_list("node_id", flat=True)) == {nodes[1].pk}
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": PER_NODE_MS}]}
+    stops = post(second, "/heartbeats", beat).json()["stop"]
+    assert [s["attempt_id"] for s in stops] == [attempt.pk] and stops[0]["grace_seconds"] > 0
+    assert post(first, f"/attempts/{attempt.pk}/exit", done).json()["duplicate"] is True  # a repeat
+    parts = AuditEvent.objects.filter(action="sched.attempt.part_ended", subject_id=str(attempt.pk))
+    assert parts.count() == 1
+
+    # The second part, stopped, reports `cancelled`: the first part's outcome decides.
+    stopped = {"seq": 2, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": None, "signal": 15,
+               "outcome": "cancelled"}
+    assert post(second, f"/attempts/{attempt.pk}/exit", stopped).json()["duplicate"] is False
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.outcome, attempt.exit_code) == (AttemptState.ENDED, "completed", 0)
+    assert attempt.job.state == "completed"
+    hold = attempt.hold
+    hold.refresh_from_db()
+    assert hold.state == HoldState.SETTLED
+    assert hold.captured == 2 * PER_NODE_MS  # 1 micro-credit per GPU-ms: 8 GPUs x 600 s
+
+
+def test_a_gang_whose_first_part_fails_fails(gang: Any) -> None:
+    attempt, (first, second), _nodes = gang
+    _start_both(attempt, [first, second])
+    failed = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": 3, "signal": None, "outcome": "failed"}
+    post(second, f"/attempts/{attempt.pk}/exit", failed)
+    stopped = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": None, "signal": 15,
+               "outcome": "cancelled"}
+    post(first, f"/attempts/{attempt.pk}/exit", stopped)
+    attempt.refresh_from_db()
+    assert (attempt.outcome, attempt.exit_code, attempt.job.state) == ("failed", 3, "failed")
+
+
+def test_a_gang_whose_second_node_never_started_ends_with_its_first_part(gang: Any) -> None:
+    attempt, (first, second), _nodes = gang
+    assert post(first, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    shift_started(attempt, 60)
+    launch = {"seq": 0, "cumulative_gpu_ms": 0, "exit_code": 127, "signal": None, "outcome": "launch_failed"}
+    post(first, f"/attempts/{attempt.pk}/exit", launch)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.ENDED and attempt.outcome == "launch_failed"
+    assert not Allocation.objects.filter(attempt=attempt, released_at__isnull=True).exists()
+    assert second.get(f"{PREFIX}/assignments").json()["start"] == []
+    assert post(second, f"/attempts/{attempt.pk}/started", {}).status_code == 409
