@@ -410,6 +410,10 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
         AttemptState.ENDED, now, final, exit_code
     )
     Allocation.objects.filter(attempt=attempt, released_at__isnull=True).update(released_at=now)
+    # A node loss is retried while retries remain (this attempt counts: it is ended above).
+    retries_used = JobAttempt.objects.filter(job=job, outcome="lost").count() if final == "lost" else 0
+    if final in TRANSIENT_OUTCOMES and retries_used <= job.max_retries:
+        lock_ledger_for_requeue(job=job, attempt=attempt)
 
     from metering.services import settle_attempt  # metering owns the final capture
     from scheduling.tasks import schedule_soon
@@ -430,12 +434,35 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
     if final == "withdrawn":
         return requeue(job=job, not_before=None, reason_code="requeued-node-silent-before-start", data=data)
     # A lost node: retry with exponential backoff while retries remain.
-    retries_used = JobAttempt.objects.filter(job=job, outcome="lost").count()
     if retries_used > job.max_retries:
         return transition(job, S.FAILED, reason_code="retries-exhausted", data=data,
                           end_reason="retries-exhausted")
     return requeue(job=job, not_before=now + retry_backoff(retries_used),
                    reason_code="requeued-after-node-lost", data=data)
+
+
+def lock_ledger_for_requeue(*, job: Job, attempt: JobAttempt) -> None:
+    """Before an ending attempt's settlement, take every ledger lock its requeue will need, in the
+    order of DESIGN.md §6: the old hold, its usage row, then at once the budget periods (those the
+    old hold counts in and the current ones of the job's scope, which the new hold counts in),
+    then at once the org's buckets by id (every unexpired one: the new hold may draw on any of
+    them) and the old hold's. Settled first and funded after, in one transaction, the requeue
+    locked the old hold's buckets (and the org's audit chain head) and only then the periods and
+    every eligible bucket of the new hold: a lower-id bucket after a higher one, against the
+    order a submission or a charge's extension takes them, a deadlock with either (review). The
+    settlement and `fund_job` then find these rows already held; a bucket issued meanwhile has the
+    highest id, locked last, still in order. Call it with the job and the attempt locked."""
+    from budgets.services import lock_periods_ahead
+    from ledger.locks import lock_buckets_ahead, lock_hold
+    from ledger.models import Hold, HoldState
+    from metering.settlement import lock_usage
+
+    old = lock_hold(attempt.hold_id)
+    lock_usage(attempt)  # after the hold, as the settlement and a charge take it
+    releasing = [old] if old.state == HoldState.ACTIVE else []
+    new = Hold(org_id=job.org_id, project_id=job.project_id, user_id=job.user_id)  # the new hold's scope
+    lock_periods_ahead(extending=[new], releasing=releasing)
+    lock_buckets_ahead(extending_orgs=[job.org_id], releasing=[h.pk for h in releasing])
 
 
 def requeue(
