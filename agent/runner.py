@@ -99,7 +99,9 @@ class _Running:
     def gpu_ms(self, now: float) -> int:
         # Allocation-based metering: every GPU the attempt holds, for every elapsed millisecond,
         # measured on the monotonic clock (immune to wall-clock jumps). The server caps it anyway.
-        return int((now - self.started_at) * 1000) * len(self.spec.gpu_indices)
+        # Never negative (QA): a clock read before a start registered under the lock is older than
+        # the run's start; a negative figure was refused (400) and the exit report dropped.
+        return max(0, int((now - self.started_at) * 1000)) * len(self.spec.gpu_indices)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -203,8 +205,8 @@ class Runner:
 
     def sample(self) -> list[UsageSample]:
         """One heartbeat's worth of usage; each call consumes one seq per attempt."""
-        now = self._clock()
         with self._lock:
+            now = self._clock()  # under the lock: no run registered after it (QA)
             samples = []
             for attempt_id, running in sorted(self._running.items()):
                 running.seq += 1
@@ -222,8 +224,8 @@ class Runner:
 
     def supervise_once(self) -> None:
         """Reap exits, enforce wall time, escalate to SIGKILL when a grace runs out."""
-        now = self._clock()
         with self._lock:
+            now = self._clock()  # under the lock: no run registered after it (QA: negative usage)
             for attempt_id, running in list(self._running.items()):
                 if _has_exited(running.proc):
                     # The leader is a zombie until polled, so its pid (= the pgid) cannot be reused

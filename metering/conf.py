@@ -12,6 +12,9 @@ _DEFAULTS: dict[str, float] = {
     # Node silent this long -> unknown; this long -> down (its attempts are settled as lost).
     "METERING_NODE_UNKNOWN_AFTER_S": 90,
     "METERING_NODE_DOWN_AFTER_S": 300,
+    # A running attempt its live node has left out of every heartbeat for this long is ended `lost`
+    # (its agent no longer runs it, e.g. its exit report was refused: QA).
+    "METERING_UNREPORTED_ATTEMPT_AFTER_S": 300,
     # Billable cap: elapsed (DB clock) x GPUs x (1 + ratio) + slack per GPU.
     "METERING_CAP_TOLERANCE_RATIO": 0.01,
     "METERING_CAP_SLACK_MS_PER_GPU": 5_000,

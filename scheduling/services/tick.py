@@ -12,12 +12,14 @@ from time import perf_counter
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, QuerySet
+from django.db.models.functions import Coalesce
 
 from audit.services import record
 from config import metrics
 from config.clock import db_now
 from ledger.retry import retry_on_conflict
+from metering import conf as metering_conf
 from metering.settlement import lock_usage
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
@@ -148,7 +150,7 @@ def sweep_nodes(*, limit: int = 200) -> dict[str, int]:
     )
     went_down = _mark_nodes(dead, from_states=(NodeState.UNKNOWN,), to=NodeState.DOWN,
                             silent_before=now - down_after, reason="node-down")
-    lost = end_attempts_on_down_nodes(limit=limit)
+    lost = end_attempts_on_down_nodes(limit=limit) + end_attempts_their_nodes_leave_out(limit=limit)
     withdrawn = withdraw_unstarted_from_silent_nodes(limit=limit)
     evicted = evict_from_nodes_out_of_service(limit=limit)
     overdue = stop_overdue_attempts(limit=limit)
@@ -283,6 +285,47 @@ def end_attempts_on_down_nodes(*, limit: int = 200) -> int:
         except Exception:  # one bad attempt must not block the sweep of the others
             log.exception("could not end attempt %s of a down node", attempt_id)
     return ended
+
+
+def _left_out(after: timedelta) -> QuerySet[JobAttempt]:
+    """Started attempts with a started part on a ready node that has heartbeated for `after` since
+    the attempt was last reported (or started) without reporting it: its agent does not run it."""
+    last_seen = ExpressionWrapper(Coalesce(F("usage__last_heartbeat_at"), F("started_at")) + after,
+                                  output_field=DateTimeField())
+    return JobAttempt.objects.filter(
+        state__in=(AttemptState.RUNNING, AttemptState.STOPPING), started_at__isnull=False,
+        allocations__released_at__isnull=True, allocations__started_at__isnull=False,
+        allocations__node__state=NodeState.READY, allocations__node__last_heartbeat_at__gt=last_seen,
+    )
+
+
+def end_attempts_their_nodes_leave_out(*, limit: int = 200) -> int:
+    """End as `lost` the attempts whose node keeps heartbeating without them (QA: an exit report the
+    server refused was dropped by the agent, and the job stayed `running`, its GPUs and credits held,
+    a cancel never answered). A heartbeat carries every attempt its agent runs, so one left out of
+    them all for METERING_UNREPORTED_ATTEMPT_AFTER_S (5 min; 10 heartbeats) has ended there unseen.
+    Re-checked under the job, attempt and usage locks (a heartbeat updates the usage row)."""
+    after = timedelta(seconds=metering_conf.value("METERING_UNREPORTED_ATTEMPT_AFTER_S"))
+    ids = list(_left_out(after).distinct().order_by("pk").values_list("pk", "job_id")[:limit])
+    ended = 0
+    for attempt_id, job_id in ids:
+        try:
+            ended += _end_left_out(attempt_id, job_id, after)
+        except Exception:  # one bad attempt must not block the sweep of the others
+            log.exception("could not end attempt %s left out of its node's heartbeats", attempt_id)
+    return ended
+
+
+@transaction.atomic
+def _end_left_out(attempt_id: int, job_id: int, after: timedelta) -> bool:
+    lock_job(job_id)
+    attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
+    lock_usage(attempt)
+    if not _left_out(after).filter(pk=attempt_id).exists():
+        return False  # reported, ended or its node silent since the sweep read it
+    log.warning("attempt %s: its node has not reported it for %s; ending it lost", attempt_id, after)
+    finish_attempt(attempt=attempt, outcome="lost")
+    return True
 
 
 @transaction.atomic

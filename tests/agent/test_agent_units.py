@@ -203,3 +203,25 @@ def test_outbox_keeps_reports_in_memory_when_the_state_dir_is_unwritable(tmp_pat
     assert box.ids() == [3]
     box.remove(3)
     assert len(box) == 0
+
+
+def test_a_run_that_exits_at_once_never_reports_negative_usage() -> None:
+    """QA: the supervisor read its clock, then a start registered under the lock stamped a later
+    start time; the run exited at once and its usage came out -1 ms, which the server refused (400)
+    and the agent dropped: the job stayed `running` for good. Clocks are read under the lock now,
+    and a figure below zero is 0."""
+
+    class Clock:
+        value = 100.002
+
+        def __call__(self) -> float:
+            return self.value
+
+    clock = Clock()
+    runner = Runner(timeout_grace=5, clock=clock)
+    runner.start(StartSpec(attempt_id=1, job_id=1, command="true", gpu_indices=(0,), max_wall_seconds=60))
+    time.sleep(0.3)  # `true` has exited
+    clock.value = 100.0  # as the supervisor's stale reading
+    runner.supervise_once()
+    [record] = runner.take_exits()
+    assert (record.attempt_id, record.cumulative_gpu_ms, record.outcome) == (1, 0, "completed")

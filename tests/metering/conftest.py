@@ -145,9 +145,11 @@ def make_attempt(world: World) -> Callable[..., JobAttempt]:
             scheduled_at=timezone.now(),
         )
         now = timezone.now()
+        started = now if state != AttemptState.SCHEDULED and started_ago is not None else None
         Allocation.objects.bulk_create(
             [
-                Allocation(attempt=attempt, node=node or world.node, gpu_index=i, allocated_at=now)
+                Allocation(attempt=attempt, node=node or world.node, gpu_index=i, allocated_at=now,
+                           started_at=started)
                 for i in gpus
             ]
         )
