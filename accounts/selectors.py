@@ -136,11 +136,12 @@ def require_org_manager(user: AnyUser, org: Organization) -> None:
     raise PermissionDenied("Only the organization's owners and admins may do this.")
 
 
-def require_org_reader(user: AnyUser, org: Organization) -> None:
-    """Org-wide money (balance, journal) is for org members and finance, not project-only members."""
+def require_org_reader(user: AnyUser, org: Organization, what: str = "its balance and journal") -> None:
+    """Org-wide money (balance, journal, budgets, fair share) is for org members and finance, not
+    project-only members. `what` names the resource asked for in the refusal."""
     if is_finance(user) or org_role(user, org.pk) is not None:
         return
-    raise PermissionDenied("Only members of the organization may read its balance and journal.")
+    raise PermissionDenied(f"Only members of the organization may read {what}.")
 
 
 def require_finance(user: AnyUser) -> None:

@@ -372,7 +372,11 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.lifecycle import cancel_job
 
-        self._each(request, queryset, cancel_job, "cancelled (a running one stops first)")
+        ended = [job.pk for job in queryset if job.state == JobState.CANCELLED]
+        for job_id in ended:  # QA: counted as "cancelled" although cancel_job is a no-op for them
+            messages.warning(request, f"Job {job_id} has ended (cancelled); nothing to cancel.")
+        done = "cancelled (a running one stops first)"
+        self._each(request, queryset.exclude(pk__in=ended), cancel_job, done)
 
     @admin.action(description="Hold the selected queued jobs (until an operator releases them)")
     def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

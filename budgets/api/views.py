@@ -89,7 +89,7 @@ class OrgBudgetView(_BudgetView):
     def require_reader(self, request: Request, org: Organization) -> None:
         """The org's held and spent are org-wide money: what `/orgs/{id}/balance` requires (org
         members and finance; a project-only member gets 403, QA)."""
-        require_org_reader(request.user, org)
+        require_org_reader(request.user, org, "its budget")
 
     @extend_schema(operation_id="orgs_budget_retrieve", **_GET)
     def get(self, request: Request, org_id: int) -> Response:

@@ -147,8 +147,9 @@ class CreditIssueSerializer(StrictSerializer):
     effective_at = AwareDateTimeField(required=False, help_text="With its UTC offset; empty = now.")
     expires_at = AwareDateTimeField(required=False, help_text="With its UTC offset, in the future and after "
                                     "effective_at; empty = never.")
-    project = StrictIntegerField(required=False, min_value=1, max_value=2**53,
-                                 help_text="Scope the credits to one project of the org.")
+    project = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=2**53,
+                                 help_text="Scope the credits to one project of the org; "
+                                 "absent or null = the whole org.")
     gpu_types = serializers.ListField(child=StrictCharField(min_length=1, max_length=32),
                                       required=False, max_length=16, default=list)
 

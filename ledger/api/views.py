@@ -146,11 +146,15 @@ class OrgCreditsView(GenericAPIView):
         body.is_valid(raise_exception=True)
         data = dict(body.validated_data)
         project = None
-        if "project" in data:
-            # A field of the body: an unknown project is a 400 naming it, not the route's 404 (QA).
-            project = visible_projects(request.user).filter(pk=data.pop("project")).first()
+        project_id = data.pop("project", None)  # absent or null: the whole org
+        if project_id is not None:
+            # A field of the body: an unknown project is a 400 naming it, not the route's 404 (QA);
+            # another org's project too, under `errors.project` like it (QA: no `errors` at all).
+            project = visible_projects(request.user).filter(pk=project_id).first()
             if project is None:
                 raise ValidationError({"project": ["No such project."]})
+            if project.org_id != org.pk:
+                raise ValidationError({"project": ["The project belongs to another organization."]})
 
         def effect() -> tuple[int, Any]:
             bucket = issue_credits(org=org, project=project, actor=request.user, **data)

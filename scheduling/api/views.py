@@ -224,7 +224,7 @@ class OrgFairShareView(GenericAPIView):
     def get(self, request: Request, org_id: int) -> Response:
         no_query(request)
         org = get_visible_org(request.user, org_id)
-        require_org_reader(request.user, org)
+        require_org_reader(request.user, org, "its fair-share tree")
         return Response(OrgFairShareSerializer(org_fair_share(org)).data)
 
 

@@ -200,9 +200,11 @@ def _cancel_for_dependency(*, dependent_id: int, dependency_id: int, ended: str)
         return 0
     if job.current_hold_id is not None:
         _release_whole_hold(hold_id=job.current_hold_id, key=f"job:{job.pk}:dependency-failed", actor=None)
+    # Which dependency and how it ended, in words (QA: end_detail was empty).
+    detail = f"job {dependency_id} it depends on (afterok) ended {ended}"[:DETAIL_MAX_LENGTH]
     transition(job, S.CANCELLED, reason_code=reasons.DEPENDENCY_FAILED, end_reason=reasons.DEPENDENCY_FAILED,
-               wait_reason="", wait_detail="", expected_start_at=None, held=False, held_by_operator=False,
-               data={"dependency": dependency_id, "dependency_state": ended})
+               end_detail=detail, wait_reason="", wait_detail="", expected_start_at=None, held=False,
+               held_by_operator=False, data={"dependency": dependency_id, "dependency_state": ended})
     return 1
 
 

@@ -43,6 +43,9 @@ def test_a_project_only_member_gets_403_on_every_budget_like_the_org_balance(bud
         assert response.status_code == 403, (level, response.content)
         assert response.json()["type"] == "permission-denied"
         assert "limit" not in response.json() and "current_period" not in response.json()
+    # QA: the org budget's refusal named "its balance and journal", not what was asked
+    refused = member.get(_urls(budgeted)["org"]).json()["detail"]
+    assert refused == "Only members of the organization may read its budget."
 
 
 def test_an_org_member_reads_the_org_budget_and_only_managers_read_the_others(budgeted: Tenant) -> None:

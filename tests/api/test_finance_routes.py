@@ -13,7 +13,7 @@ from accounts.models import Membership, Organization, OrgMembership
 from budgets.models import Budget
 from ledger.models import MICRO, Bucket
 from tests.api.conftest import H100_PRICE, client_for
-from tests.api.factories import Tenant
+from tests.api.factories import Tenant, make_tenant
 from tests.factories import OrgMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -285,3 +285,25 @@ def test_credits_for_an_unknown_project_are_a_400_naming_project(finance: APICli
     assert (response.status_code, problem.get("type"), problem.get("errors")) == (
         400, "validation-error", {"project": ["No such project."]})
     assert Bucket.objects.filter(org=tenant.org).count() == 1
+
+
+def test_credits_for_another_orgs_project_are_a_400_under_project(finance: APIClient, tenant: Tenant) -> None:
+    """QA: a 400 without `errors`, unlike an unknown project's `errors.project`."""
+    other = make_tenant()
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", {
+        "amount": 5, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r",
+        "project": other.project.pk})
+    problem = response.json()
+    assert (response.status_code, problem.get("type"), problem.get("errors")) == (
+        400, "validation-error", {"project": ["The project belongs to another organization."]})
+    assert Bucket.objects.filter(org=tenant.org).count() == 1
+
+
+def test_credits_with_a_null_project_are_for_the_whole_org(finance: APIClient, tenant: Tenant) -> None:
+    """QA: `"project": null` was a 400 although the field is optional."""
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", {
+        "amount": 5, "kind": "paid", "source": "purchase", "reference": "null-project", "reason": "r",
+        "project": None})
+    assert response.status_code == 201, response.content
+    assert response.json()["project"] is None
+    assert Bucket.objects.get(org=tenant.org, reference="null-project").project_id is None

@@ -105,6 +105,11 @@ def test_afterok_chain_is_cancelled_when_the_first_job_fails_and_holds_are_relea
         assert (job.state, job.end_reason, job.wait_reason) == (JobState.CANCELLED, "dependency-failed", "")
         hold = job.current_hold
         assert hold.state == HoldState.SETTLED and hold.released == hold.authorized and hold.captured == 0
+    # QA: end_detail was empty; it names the dependency and how it ended
+    assert Job.objects.get(pk=second["id"]).end_detail == (
+        f"job {first['id']} it depends on (afterok) ended failed")
+    assert Job.objects.get(pk=third["id"]).end_detail == (
+        f"job {second['id']} it depends on (afterok) ended cancelled")
     assert Job.objects.get(pk=other["id"]).state == JobState.QUEUED  # afterany still runs
 
 
@@ -115,7 +120,9 @@ def test_cancelling_a_dependency_cancels_its_afterok_dependents(
     second = submit(api, job_body, depends_on=[first["id"]])
     with django_capture_on_commit_callbacks(execute=True):
         cancel_job(job=Job.objects.get(pk=first["id"]), actor=tenant.user)
-    assert Job.objects.get(pk=second["id"]).end_reason == "dependency-failed"
+    dependent = Job.objects.get(pk=second["id"])
+    assert dependent.end_reason == "dependency-failed"
+    assert dependent.end_detail == f"job {first['id']} it depends on (afterok) ended cancelled"
 
 
 def test_a_dependent_that_missed_the_cascade_is_cancelled_by_the_sweep(
@@ -129,6 +136,7 @@ def test_a_dependent_that_missed_the_cascade_is_cancelled_by_the_sweep(
     assert cancel_orphaned_dependents() == 1
     job = Job.objects.select_related("current_hold").get(pk=second["id"])
     assert job.state == JobState.CANCELLED and job.current_hold.state == HoldState.SETTLED
+    assert job.end_detail == f"job {first['id']} it depends on (afterok) ended cancelled"
     assert cancel_orphaned_dependents() == 0
 
 

@@ -62,7 +62,10 @@ def test_members_without_work_are_listed_without_a_factor(api: APIClient, tenant
 
 def test_who_may_read_it(api: APIClient, tenant: Tenant) -> None:
     url = f"/api/v1/orgs/{tenant.org.pk}/fair-share"
-    assert api.get(url).status_code == 403  # a project-only member: org-wide figures are not theirs
+    refused = api.get(url)  # a project-only member: org-wide figures are not theirs
+    assert refused.status_code == 403
+    # QA: named "its balance and journal", not what was asked
+    assert refused.json()["detail"] == "Only members of the organization may read its fair-share tree."
     assert client_for(make_tenant().admin).get(url).status_code == 404  # another org's admin
     assert client_for(tenant.admin).get(url).status_code == 200
 

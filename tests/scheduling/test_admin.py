@@ -419,3 +419,17 @@ def test_a_node_saved_in_the_admin_writes_only_what_the_operator_changed(
                 if q["sql"].startswith('UPDATE "scheduling_node"')]
     assert '"nvlink_domain"' in update and '"state"' not in update and '"last_heartbeat_at"' not in update
     assert Node.objects.get(pk=node.pk).nvlink_domain == "nv9"
+
+
+def test_cancelling_a_job_that_is_already_cancelled_says_so(staff: Client, fleet: dict[str, Any],
+                                                            make_job: Callable[..., Job]) -> None:
+    ended = make_job(JobState.CANCELLED, hold=False)
+    queued = make_job(JobState.QUEUED, hold=False)
+    response = staff.post(reverse("admin:scheduling_job_changelist"),
+                          {"action": "cancel", "_selected_action": [ended.pk, queued.pk]}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    # QA: said "2 jobs cancelled" although one had ended long before
+    assert shown == [f"Job {ended.pk} has ended (cancelled); nothing to cancel.",
+                     "1 job cancelled (a running one stops first)."]
+    queued.refresh_from_db()
+    assert queued.state == JobState.CANCELLED
