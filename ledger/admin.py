@@ -107,8 +107,10 @@ def _void_message(bucket_id: int, txn: Any, *, close: bool) -> str:
     elif bucket.effective_at >= now:
         # `void_credits` closes only a bucket in effect (its expiry cannot move before its start),
         # and none is needed: nothing can be held on it before then, and the void took the rest.
+        left = (", so the void left nothing on it to spend" if not bucket.available
+                else f"; {bucket.available} micro-credits stay on it")  # a part voided
         return (f"{done}; {not_closed}it is not in effect until {_utc(bucket.effective_at)}. Nothing can be "
-                "held on it before then, so the void left nothing on it to spend.")
+                f"held on it before then{left}.")
     elif expired:
         done += f"; {not_closed}it expired at {_utc(bucket.expires_at)} already"
     if not bucket.held:
@@ -189,17 +191,17 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/ledger/bucket/issue.html", context)
 
-    @admin.action(description="Void the available credits of the selected buckets (and close them)",
+    @admin.action(description="Void available credits of the selected buckets (all or part; close them)",
                   permissions=["void_credits"])
     def void_available(self, request: HttpRequest, queryset: QuerySet[Bucket]) -> HttpResponse | None:
-        form = VoidForm(request.POST if "apply" in request.POST else None)
+        form = VoidForm(request.POST if "apply" in request.POST else None, buckets=queryset.count())
         if "apply" in request.POST and form.is_valid():
             batch = uuid.uuid4().hex[:12]
             for bucket in queryset.order_by("pk"):
                 try:
                     txn = void_credits(
                         bucket=bucket, reason=form.cleaned_data["reason"], key=f"admin:{batch}:{bucket.pk}",
-                        actor=request.user, close=form.cleaned_data["close"],
+                        actor=request.user, close=form.cleaned_data["close"], amount=form.micro_credits(),
                     )
                 except DomainError as error:
                     self.message_user(request, f"Bucket {bucket.pk}: {error.detail}", messages.WARNING)

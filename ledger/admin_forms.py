@@ -80,10 +80,29 @@ class IssueCreditsForm(forms.Form):
 
 
 class VoidForm(forms.Form):
-    """The reason (mandatory) for voiding the selected buckets' available credits, and whether to
-    close them (offered ticked)."""
+    """The reason (mandatory) for voiding the selected buckets' available credits (all of it, or a
+    part of one bucket's), and whether to close them (offered ticked)."""
+
+    def __init__(self, *args: Any, buckets: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buckets = buckets
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("credits") is not None and self.buckets != 1:
+            self.add_error("credits", "Select one bucket to void a part of it.")
+        return data
+
+    def micro_credits(self) -> int | None:
+        credits = self.cleaned_data.get("credits")
+        return None if credits is None else int(credits * MICRO)
 
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    credits = PlainDecimalField(
+        required=False, min_value=Decimal("0.000001"), max_value=MAX_CREDITS, max_digits=18, decimal_places=6,
+        help_text="Empty = everything available. A part (in credits) is voided from one bucket at a time: "
+        "to correct an over-issue, void the excess and leave the bucket open.",
+    )
     close = forms.BooleanField(
         required=False, initial=True, label="Close the buckets",
         help_text="End their validity now: credits their running jobs give back later expire instead of "

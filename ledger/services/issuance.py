@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -104,6 +105,10 @@ def issue_credits(
         raise InvalidParameter(f"Unknown credit source {source!r}.", field="source")
     if not reference or len(reference) > 128:
         raise InvalidParameter("A finance reference (1-128 characters) is required.", field="reference")
+    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in reference):
+        # QA: a newline or tab in an invoice reference was accepted (statements and exports show it).
+        raise InvalidParameter("A finance reference must not contain line breaks or control characters.",
+                               field="reference")
     if not reason or not reason.strip():
         raise InvalidParameter("A reason is required.", field="reason")
     project_id = check_project(org.pk, project)

@@ -94,6 +94,8 @@ def test_issue_credits_and_read_balance(finance: APIClient, tenant: Tenant) -> N
      "effective_at": "2030-01-02T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"},
     {"amount": 5, "kind": "paid", "source": "purchase", "reference": "r", "reason": "r",
      "gpu_types": ["TPU"]},
+    {"amount": 5, "kind": "paid", "source": "purchase", "reference": "inv\n7", "reason": "r"},  # QA
+    {"amount": 5, "kind": "paid", "source": "purchase", "reference": "inv\t7", "reason": "r"},
 ])
 def test_invalid_credit_issuance_is_400(finance: APIClient, tenant: Tenant, body: dict) -> None:
     response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)

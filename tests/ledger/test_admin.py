@@ -341,3 +341,37 @@ def test_a_partial_release_to_expiry_is_labelled_with_its_part() -> None:
     assert _release_label("Release", 5, 0) == "Release"
     assert _release_label("Release", 5, 3) == "Release (3 to expiry)"
     assert _release_label("Release", 5, 5) == "Release to expiry"
+
+
+def test_finance_voids_part_of_one_bucket_to_correct_an_over_issue(finance_client) -> None:
+    """QA: a void always took everything available, so 1,000 credits issued instead of 100 could
+    only be voided whole and issued again. A part is voided from one bucket at a time."""
+    org = OrganizationFactory()
+    bucket = fund(org, 1000 * MICRO, effective_at=timezone.now() - timedelta(days=1))
+    other = fund(org, 5 * MICRO)
+    url = reverse("admin:ledger_bucket_changelist")
+    both = {"action": "void_available", "_selected_action": [bucket.pk, other.pk], "apply": "1",
+            "reason": "over-issue", "credits": "900"}
+    refused = finance_client.post(url, both)
+    assert refused.status_code == 200
+    assert refused.context["form"].errors["credits"] == ["Select one bucket to void a part of it."]
+    done = finance_client.post(url, {**both, "_selected_action": [bucket.pk]}, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided, bucket.expires_at) == (100 * MICRO, 900 * MICRO, None)
+    assert [str(m) for m in done.context["messages"]] == [
+        f"Voided {900 * MICRO} micro-credits of bucket {bucket.pk}."]
+    one = {**both, "_selected_action": [bucket.pk]}
+    too_much = finance_client.post(url, {**one, "credits": "101"}, follow=True)
+    assert [str(m) for m in too_much.context["messages"]] == [
+        f"Bucket {bucket.pk}: Needs 101.00 credits, only 100.00 available."]
+    bucket.refresh_from_db()
+    assert bucket.available == 100 * MICRO  # nothing more voided
+
+
+def test_a_reference_with_a_line_break_is_refused(finance_client) -> None:
+    org = OrganizationFactory()
+    form = _issue_form(org, reference="inv-1\nx")
+    response = finance_client.post(reverse("admin:ledger_bucket_issue"), form)
+    assert response.status_code == 200
+    assert "line breaks or control characters" in str(response.context["form"].non_field_errors())
+    assert not Bucket.objects.filter(org=org).exists()
