@@ -7,7 +7,16 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from accounts.models import ApiKey, Membership, Organization, OrgMembership, Project, Region
+from accounts.models import (
+    PROJECT_ROLE_MESSAGE,
+    ApiKey,
+    Membership,
+    Organization,
+    OrgMembership,
+    Project,
+    ProjectRole,
+    Region,
+)
 from accounts.services import AccountsError, check_api_key_terms, create_api_key, revoke_api_key
 from config.history_admin import ViewOnlyHistoryAdmin
 
@@ -32,8 +41,24 @@ class OrganizationAdmin(ViewOnlyHistoryAdmin):
     inlines = [OrgMembershipInline]
 
 
+class MembershipForm(forms.ModelForm):
+    """A project membership is given a project role (member or viewer); one that holds owner or
+    admin from before keeps it until someone changes it (its row stays readable and savable)."""
+
+    class Meta:
+        model = Membership
+        fields = ("project", "user", "role", "fair_share_weight")
+
+    def clean_role(self) -> str:
+        role = self.cleaned_data["role"]
+        if role not in ProjectRole.values and (self.instance.pk is None or "role" in self.changed_data):
+            raise forms.ValidationError(PROJECT_ROLE_MESSAGE)
+        return role
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    form = MembershipForm
     extra = 0
     autocomplete_fields = ("user",)
 
@@ -61,6 +86,7 @@ class OrgMembershipAdmin(ViewOnlyHistoryAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(ViewOnlyHistoryAdmin):
+    form = MembershipForm
     list_display = ("project", "user", "role", "fair_share_weight")
     list_filter = ("role",)
     search_fields = ("project__slug", "user__username")

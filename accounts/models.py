@@ -71,6 +71,24 @@ class OrgRole(models.TextChoices):
     VIEWER = "viewer"
 
 
+class ProjectRole(models.TextChoices):
+    """The roles a project membership may be given (the API, `add_project_member`, the admin): a
+    viewer sees the project and its jobs, a member also submits, cancels, holds and releases them.
+    Owner and admin are organization roles (`OrgMembership`): nothing reads them on a project
+    membership, so they were refused there (QA: `"role": "owner"` was accepted and gave nothing).
+    `Membership.role` keeps the `OrgRole` choices so rows given them before stay valid and readable;
+    such a row acts as `member`."""
+
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+PROJECT_ROLE_MESSAGE = (
+    "A project role is member or viewer; owner and admin are organization roles "
+    "(an org membership, given in the admin)."
+)
+
+
 class OrgMembership(models.Model):
     """A user's role in an organization (owners/admins see and manage every project)."""
 

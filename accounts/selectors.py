@@ -55,6 +55,19 @@ def visible_projects(user: AnyUser) -> QuerySet[Project]:
     return Project.objects.filter(Q(org__memberships__user=user) | Q(memberships__user=user)).distinct()
 
 
+def org_projects(user: AnyUser, org: Organization) -> QuerySet[Project]:
+    """The projects of `org` that `user` sees: all of them for finance and any org membership, a
+    project-only member's own projects (the org's other projects stay unknown to them)."""
+    return visible_projects(user).filter(org=org).order_by("id")
+
+
+def project_members(project: Project) -> QuerySet[Membership]:
+    """Who belongs to `project`, with their project role; for anyone who sees the project (org
+    members and finance already read every project's members by id and username in the org's
+    fair-share tree, and a project's members see one another's jobs)."""
+    return Membership.objects.filter(project=project).select_related("user").order_by("id")
+
+
 def org_people(org_id: int) -> QuerySet[Any]:
     """Active users who already belong to the org: an org membership or a membership of one of
     its projects. Only they can be added to its projects by the API (QA: an org owner could look

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from accounts.keys import hash_key, new_key
 from accounts.models import (
+    PROJECT_ROLE_MESSAGE,
     ApiKey,
     IdempotencyRecord,
     Membership,
@@ -15,6 +16,7 @@ from accounts.models import (
     OrgMembership,
     OrgRole,
     Project,
+    ProjectRole,
     Region,
 )
 from accounts.selectors import org_people
@@ -126,13 +128,13 @@ def create_project(*, org: Organization, name: str, slug: str, actor: Any = None
 
 @transaction.atomic
 def add_project_member(
-    *, project: Project, user: Any, role: str = OrgRole.MEMBER, actor: Any = None
+    *, project: Project, user: Any, role: str = ProjectRole.MEMBER, actor: Any = None
 ) -> tuple[Membership, bool]:
     """Add `user`, who must already belong to the project's org (`org_people`), to `project`
     (or change their role). Returns (membership, created); `membership.unchanged` is True when
     they already had that role: nothing was written and no event recorded."""
-    if role not in OrgRole.values:
-        raise AccountsError(f"Unknown role {role!r}.", field="role")
+    if role not in ProjectRole.values:
+        raise AccountsError(f"Not a project role: {role!r}. {PROJECT_ROLE_MESSAGE}", field="role")
     if not org_people(project.org_id).filter(pk=user.pk).exists():
         # Joining an org is the admin's (or the org's creation); projects take its people only.
         raise AccountsError(NO_SUCH_USER, field="user")

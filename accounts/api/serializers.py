@@ -2,7 +2,14 @@
 
 from rest_framework import serializers
 
-from accounts.models import MIN_HOLD_WINDOW_SECONDS, Membership, Organization, OrgRole, Project
+from accounts.models import (
+    MIN_HOLD_WINDOW_SECONDS,
+    PROJECT_ROLE_MESSAGE,
+    Membership,
+    Organization,
+    Project,
+    ProjectRole,
+)
 from accounts.selectors import org_people
 from accounts.services import NO_SUCH_USER
 from config.api.serializers import StrictCharField, StrictIntegerField, StrictSerializer
@@ -65,7 +72,11 @@ class MemberAddSerializer(StrictSerializer):
                               help_text="User id of someone who already belongs to the project's org.")
     username = StrictCharField(required=False, min_length=1, max_length=150,
                                help_text="Username of someone who already belongs to the project's org.")
-    role = serializers.ChoiceField(choices=OrgRole.choices, default=OrgRole.MEMBER)
+    role = serializers.ChoiceField(
+        choices=ProjectRole.choices, default=ProjectRole.MEMBER,
+        help_text="member (submits and manages jobs) or viewer (reads only).",
+        error_messages={"invalid_choice": f'"{{input}}" is not a project role. {PROJECT_ROLE_MESSAGE}'},
+    )
 
     def validate(self, attrs: dict) -> dict:
         if ("user" in attrs) == ("username" in attrs):
@@ -81,16 +92,29 @@ class MemberAddSerializer(StrictSerializer):
         return attrs
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class ProjectMemberSerializer(serializers.ModelSerializer):
+    """A project membership as listed: the user's id (for the per-member budget route and the
+    job list's `user` filter), username and project role."""
+
     project = serializers.IntegerField(source="project_id", read_only=True)
     user = serializers.IntegerField(source="user_id", read_only=True)
     username = serializers.CharField(source="user.username", read_only=True)
-    unchanged = serializers.SerializerMethodField(
-        help_text="True (with status 200) when the user already had this role: nothing changed.")
+    role = serializers.CharField(
+        read_only=True, help_text="member or viewer (owner/admin only on memberships given them "
+                                  "before they were refused; they act as member).")
 
     class Meta:
         model = Membership
-        fields = ["id", "project", "user", "username", "role", "unchanged"]
+        fields = ["id", "project", "user", "username", "role"]
+        read_only_fields = fields
+
+
+class MembershipSerializer(ProjectMemberSerializer):
+    unchanged = serializers.SerializerMethodField(
+        help_text="True (with status 200) when the user already had this role: nothing changed.")
+
+    class Meta(ProjectMemberSerializer.Meta):
+        fields = [*ProjectMemberSerializer.Meta.fields, "unchanged"]
         read_only_fields = fields
 
     def get_unchanged(self, membership: Membership) -> bool:

@@ -15,12 +15,15 @@ from accounts.api.serializers import (
     OrganizationCreateSerializer,
     OrganizationSerializer,
     ProjectCreateSerializer,
+    ProjectMemberSerializer,
     ProjectSerializer,
 )
 from accounts.models import Region
 from accounts.selectors import (
     get_visible_org,
     get_visible_project,
+    org_projects,
+    project_members,
     require_finance,
     require_org_manager,
     visible_orgs,
@@ -85,6 +88,16 @@ class OrgDetailView(GenericAPIView):
 class OrgProjectsView(GenericAPIView):
     serializer_class = ProjectSerializer
 
+    @extend_schema(operation_id="orgs_projects_list", parameters=[PageQuerySerializer],
+                   responses=ProjectSerializer(many=True),
+                   description="The org's projects the caller sees: all of them for org members and "
+                   "finance, their own for a member of projects only.")
+    def get(self, request: Request, org_id: int) -> Response:
+        PageQuerySerializer(data=query_of(request)).is_valid(raise_exception=True)
+        org = get_visible_org(request.user, org_id)
+        page = self.paginate_queryset(org_projects(request.user, org))
+        return self.get_paginated_response(ProjectSerializer(page, many=True).data)
+
     @extend_schema(operation_id="orgs_projects_create", request=ProjectCreateSerializer,
                    responses={201: ProjectSerializer}, description="Org owners/admins and finance.")
     def post(self, request: Request, org_id: int) -> Response:
@@ -113,6 +126,16 @@ class ProjectDetailView(GenericAPIView):
 
 class ProjectMembersView(GenericAPIView):
     serializer_class = MembershipSerializer
+
+    @extend_schema(operation_id="projects_members_list", parameters=[PageQuerySerializer],
+                   responses=ProjectMemberSerializer(many=True),
+                   description="The project's members (user id, username, project role); for whoever "
+                   "sees the project.")
+    def get(self, request: Request, project_id: int) -> Response:
+        PageQuerySerializer(data=query_of(request)).is_valid(raise_exception=True)
+        project = get_visible_project(request.user, project_id)
+        page = self.paginate_queryset(project_members(project))
+        return self.get_paginated_response(ProjectMemberSerializer(page, many=True).data)
 
     @extend_schema(operation_id="projects_members_add", request=MemberAddSerializer,
                    responses={200: MembershipSerializer, 201: MembershipSerializer},

@@ -1,5 +1,6 @@
 """Job submission input (strict) and job output shapes."""
 
+import re
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -160,6 +161,33 @@ WAIT_REASON_PATTERN = (
 )
 
 
+MAX_USER_ID = 2**53
+USERNAME_MAX_LENGTH = 150  # django.contrib.auth's User.username
+
+
+@extend_schema_field({"anyOf": [
+    {"type": "integer", "minimum": 1, "maximum": MAX_USER_ID},
+    # A username: anything with a character besides digits (digits alone are an id).
+    {"type": "string", "minLength": 1, "maxLength": USERNAME_MAX_LENGTH,
+     "pattern": "^[^\\u0000]*[^0-9\\u0000][^\\u0000]*$"},
+]})
+class UserRefField(serializers.Field):
+    """A user id, or a username as Slurm's `sacct -u` takes them: a value of digits only is an id
+    (1 to 2^53; as before, `user=0` is a 400), anything else a username (1 to 150 characters, no NUL).
+    Gives an int or a str. An unknown id or username is no error: no visible job has it."""
+
+    _id = serializers.IntegerField(min_value=1, max_value=MAX_USER_ID)
+    _username = serializers.CharField(min_length=1, max_length=USERNAME_MAX_LENGTH, trim_whitespace=False)
+
+    def to_internal_value(self, data: Any) -> int | str:
+        if isinstance(data, str) and not re.fullmatch(r"[0-9]+", data.strip()):
+            return self._username.run_validation(data)
+        return self._id.run_validation(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class JobListQuerySerializer(StrictQuerySerializer):
     """Filters of the job list, as Slurm's `sacct` offers them (all optional, combined with AND)."""
 
@@ -168,8 +196,8 @@ class JobListQuerySerializer(StrictQuerySerializer):
         required=False, allow_empty=False, choices=Job._meta.get_field("state").choices,
         help_text="One state or several, comma-separated (e.g. queued,running).",
     )
-    user = serializers.IntegerField(required=False, min_value=1, max_value=2**53,
-                                    help_text="Jobs of this user (org owners and admins see every member's).")
+    user = UserRefField(required=False, help_text="Jobs of this user, by id or username (digits only: an "
+                        "id); an unknown one matches no job. Org owners and admins see every member's.")
     name = serializers.CharField(required=False, min_length=1, max_length=128,
                                  help_text="Jobs whose name starts with this.")
     wait_reason = serializers.RegexField(

@@ -106,7 +106,7 @@ class JobListCreateView(GenericAPIView):
         if states := wanted.get("state"):
             jobs = jobs.filter(state__in=sorted(states))
         if user := wanted.get("user"):
-            jobs = jobs.filter(user_id=user)
+            jobs = jobs.filter(user_id=user) if isinstance(user, int) else jobs.filter(user__username=user)
         if name := wanted.get("name"):
             jobs = jobs.filter(name__startswith=name)
         if reason := wanted.get("wait_reason"):

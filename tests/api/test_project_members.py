@@ -14,7 +14,7 @@ from accounts.services import AccountsError, add_project_member
 from audit.models import AuditEvent
 from tests.api.concurrency import run_concurrently
 from tests.api.conftest import client_for
-from tests.api.factories import Tenant, make_tenant
+from tests.api.factories import Tenant, add_member, make_tenant
 from tests.factories import OrgMembershipFactory, ProjectFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -126,7 +126,7 @@ def test_concurrent_adds_write_one_event_per_change(fleet: dict) -> None:
     assert [action for action, _ in _events(Membership.objects.get(user=same))] == ["accounts.member.add"]
     assert sorted(results) == [(200, True)] * 5 + [(201, False)]
 
-    roles = ["member", "viewer", "admin"] * 4
+    roles = ["member", "viewer", "viewer"] * 4  # the project roles (owner and admin are refused)
     results = run_concurrently([call(mixed, role) for role in roles])
     assert sorted(status for status, _ in results) == [200] * 11 + [201]
     membership = Membership.objects.get(user=mixed)
@@ -137,3 +137,32 @@ def test_concurrent_adds_write_one_event_per_change(fleet: dict) -> None:
         assert action == "accounts.member.role"
         assert after["previous_role"] == before["role"] != after["role"]
     assert events[-1][1]["role"] == membership.role
+
+
+@pytest.mark.parametrize("role", ["owner", "admin", "superuser"])
+def test_org_roles_are_refused_on_a_project(tenant: Tenant, role: str) -> None:
+    """QA: `"role": "owner"` (or "admin") was accepted with a 200, and gave nothing: owner and admin
+    are organization roles, and the project member still got 403 on what owners and admins do."""
+    member = add_member(tenant.project)
+    response = add(client_for(tenant.admin), tenant.project.pk, {"user": member.pk, "role": role})
+    assert response.status_code == 400, response.json()
+    assert response.json()["errors"] == {"role": [
+        f'"{role}" is not a project role. A project role is member or viewer; owner and admin are '
+        "organization roles (an org membership, given in the admin)."]}
+    assert Membership.objects.get(project=tenant.project, user=member).role == OrgRole.MEMBER
+    with pytest.raises(AccountsError, match="Not a project role") as refused:
+        add_project_member(project=tenant.project, user=member, role=role, actor=tenant.admin)
+    assert refused.value.extra == {"field": "role"}
+    assert not AuditEvent.objects.filter(action="accounts.member.role").exists()
+
+
+def test_a_membership_given_an_org_role_before_stays_readable_and_can_be_changed(tenant: Tenant) -> None:
+    """Rows given owner/admin before the rule keep them (the column's choices are unchanged, no data
+    migration): listed as they are, acting as a member, and changed to a project role as usual."""
+    legacy = add_member(tenant.project, OrgRole.OWNER)
+    url = f"/api/v1/projects/{tenant.project.pk}/members"
+    rows = {row["user"]: row["role"] for row in client_for(tenant.admin).get(url).json()["results"]}
+    assert rows[legacy.pk] == "owner"
+    response = add(client_for(tenant.admin), tenant.project.pk, {"user": legacy.pk, "role": "viewer"})
+    body = response.json()
+    assert (response.status_code, body["role"], body["unchanged"]) == (200, "viewer", False)
