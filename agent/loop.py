@@ -240,6 +240,7 @@ class Agent:
                     "memory_used_mb": mem_mb,
                 }
             )
+        attempts += self._exits_on_their_way({a["attempt_id"] for a in attempts})
         result = self.client.heartbeats({"attempts": attempts})
         if not self._note(result):
             return
@@ -249,6 +250,19 @@ class Agent:
             return
         body = result.body if isinstance(result.body, dict) else {}
         self._apply_stops(body.get("stop"))
+
+    def _exits_on_their_way(self, running: set[int]) -> list[dict[str, Any]]:
+        """Attempts that ran here and ended, whose exit report is not delivered yet: each heartbeat
+        still names them, with their final usage (the report's own seq and figure, so nothing new),
+        so the server knows the agent has them (review: one left out of every heartbeat while its
+        report was retried for 5 minutes was ended `lost` by the server and run again). No
+        telemetry: they use no GPU now."""
+        return [
+            {"attempt_id": entry.attempt_id, "seq": entry.body["seq"],
+             "cumulative_gpu_ms": entry.body["cumulative_gpu_ms"]}
+            for entry in self.outbox.entries()
+            if entry.body.get("seq", 0) > 0 and entry.attempt_id not in running
+        ]
 
     # -- starts and stops --------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ class Outbox:
     def ids(self) -> list[int]:
         return sorted(self._entries)
 
+    def entries(self) -> list[Entry]:
+        return [self._entries[k] for k in sorted(self._entries)]
+
     def add(self, record: ExitRecord) -> bool:
         if record.attempt_id in self._entries:
             return False

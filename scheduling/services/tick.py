@@ -35,7 +35,7 @@ from scheduling.models import (
     SchedulerPass,
 )
 from scheduling.services.leader import try_lead
-from scheduling.services.lifecycle import finish_attempt, lock_job, request_stop
+from scheduling.services.lifecycle import end_gang_part, finish_attempt, lock_job, request_stop
 
 log = logging.getLogger("scheduling.tick")
 
@@ -235,6 +235,10 @@ def withdraw_unstarted_from_silent_nodes(*, limit: int = 200) -> int:
 
 
 def _still_on_a_node_that_is(attempt: JobAttempt, state: str) -> bool:
+    return bool(_its_nodes_that_are(attempt, state))
+
+
+def _its_nodes_that_are(attempt: JobAttempt, state: str) -> list[int]:
     """Whether the attempt still holds a GPU of a node in `state`, asked under the attempt's lock.
     On PostgreSQL the node row is locked FOR SHARE: a heartbeat that brings the node back (an
     UPDATE of its row) is seen here if it committed, or waits until this transaction has ended
@@ -251,7 +255,7 @@ def _still_on_a_node_that_is(attempt: JobAttempt, state: str) -> bool:
             f"ORDER BY n.id{lock}",
             [attempt.pk, state],
         )
-        return bool(cursor.fetchall())
+        return sorted({row[0] for row in cursor.fetchall()})
 
 
 @transaction.atomic
@@ -332,7 +336,15 @@ def _end_left_out(attempt_id: int, job_id: int, after: timedelta) -> bool:
 def _end_lost(attempt_id: int, job_id: int) -> bool:
     lock_job(job_id)  # lock order: job, then attempt (finish_attempt takes them again)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
-    if attempt.state not in _LIVE or not _still_on_a_node_that_is(attempt, NodeState.DOWN):
+    down = _its_nodes_that_are(attempt, NodeState.DOWN) if attempt.state in _LIVE else []
+    if not down:
         return False  # ended, or its node back, since the sweep read it
-    finish_attempt(attempt=attempt, outcome="lost")
+    for node_id in down:
+        # A gang with parts still running on live nodes: only the lost part ends here; the others
+        # are stopped and keep their GPUs until they exit (review: every part's GPUs were handed
+        # to the next job while the live parts still ran).
+        if not end_gang_part(attempt=attempt, node_id=node_id, outcome="lost", exit_code=None):
+            finish_attempt(attempt=attempt, outcome="lost")
+            break
+        attempt.refresh_from_db()
     return True

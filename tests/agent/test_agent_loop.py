@@ -305,3 +305,25 @@ def test_job_output_goes_to_the_state_dir(fake_server, run_agent, wait_for, tmp_
     run_agent(state_dir=tmp_path)
     wait_for(lambda: fake_server.exits(95), what="exit report")
     assert Path(tmp_path / "jobs" / "attempt-95.log").read_text().split() == ["hello", "oops"]
+
+
+def test_heartbeats_name_an_ended_attempt_until_its_exit_is_delivered(
+    fake_server, run_agent, wait_for
+) -> None:
+    """Review: an attempt left out of every heartbeat is ended `lost` by the server after 5 minutes;
+    while its exit report is being retried the agent still has it, so its heartbeats say so, with
+    the report's own final seq and usage (nothing new)."""
+    fake_server.add_start(71, "sleep 0.3; exit 0")
+    fake_server.exit_status[71] = 503
+    run_agent()
+    wait_for(lambda: len(fake_server.exits(71, status=503)) >= 1, what="exit refused")
+    beats = len(fake_server.heartbeats())
+    wait_for(lambda: len(fake_server.heartbeats()) >= beats + 2, what="heartbeats while the exit waits")
+    report = fake_server.exits(71, status=503)[0].body
+    line = next(a for a in fake_server.heartbeats()[-1].body["attempts"] if a["attempt_id"] == 71)
+    assert (line["seq"], line["cumulative_gpu_ms"]) == (report["seq"], report["cumulative_gpu_ms"]) != (0, 0)
+    fake_server.exit_status[71] = 200
+    wait_for(lambda: fake_server.exits(71), what="exit delivered")
+    beats = len(fake_server.heartbeats())
+    wait_for(lambda: len(fake_server.heartbeats()) >= beats + 2, what="heartbeats after delivery")
+    assert all(a["attempt_id"] != 71 for a in fake_server.heartbeats()[-1].body["attempts"])

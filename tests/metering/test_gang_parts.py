@@ -139,3 +139,33 @@ def test_a_gang_whose_second_node_never_started_ends_with_its_first_part(gang: A
     assert not Allocation.objects.filter(attempt=attempt, released_at__isnull=True).exists()
     assert second.get(f"{PREFIX}/assignments").json()["start"] == []
     assert post(second, f"/attempts/{attempt.pk}/started", {}).status_code == 409
+
+
+def test_a_lost_node_of_a_gang_stops_the_live_part_which_keeps_its_gpus_until_it_exits(
+    gang: Any, submit: Any
+) -> None:
+    """Review: a node loss ended the gang at once, releasing the live node's GPUs to the next job
+    while its part still ran there."""
+    from scheduling.services.tick import sweep_nodes
+    from tests.metering.conftest import place_pending
+
+    attempt, (first, second), nodes = gang
+    _start_both(attempt, [first, second])
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": PER_NODE_MS}]}
+    assert post(second, "/heartbeats", beat).json()["accepted"] == 1
+    Node.objects.filter(pk=nodes[0].pk).update(state=NodeState.DOWN)
+    sweep_nodes()
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.first_part_outcome) == (AttemptState.STOPPING, "lost")
+    live = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
+    assert set(live.values_list("node_id", flat=True)) == {nodes[1].pk}
+    submit(gpus=4, max_wall_seconds=600)
+    assert place_pending() == []  # node B's GPUs are still the gang's
+    beat["attempts"][0]["seq"] = 2
+    assert [s["attempt_id"] for s in post(second, "/heartbeats", beat).json()["stop"]] == [attempt.pk]
+    stopped = {"seq": 3, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": None, "signal": 15,
+               "outcome": "cancelled"}
+    post(second, f"/attempts/{attempt.pk}/exit", stopped)
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.outcome, attempt.job.state) == (AttemptState.ENDED, "lost", "queued")
+    assert not Allocation.objects.filter(attempt=attempt, released_at__isnull=True).exists()
