@@ -51,11 +51,12 @@ class InsufficientCredits(LedgerError):
     status = 402
     title = "Insufficient credits"
 
-    def __init__(self, needed: int, available: int) -> None:
+    def __init__(self, needed: int, available: int, detail: str = "", **extra: object) -> None:
         super().__init__(
-            f"Needs {format_credits(needed)} credits, only {format_credits(available)} available.",
+            detail or f"Needs {format_credits(needed)} credits, only {format_credits(available)} available.",
             needed=needed,
             available=available,
+            **extra,
         )
         self.needed = needed
         self.available = available

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 
 from accounts.models import Organization, Project
 from audit.services import Reserved
@@ -42,13 +42,7 @@ def eligible_buckets(
     A bucket restricted to some GPU types funds a hold only if every type the hold may run
     on is in its list; a hold that may run anywhere only draws on unrestricted buckets.
     """
-    qs = Bucket.objects.filter(org_id=org_id, available__gt=0, effective_at__lte=now).filter(
-        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-    )
-    if project_id is None:
-        qs = qs.filter(project__isnull=True)
-    else:
-        qs = qs.filter(Q(project__isnull=True) | Q(project_id=project_id))
+    qs = _in_scope(org_id=org_id, project_id=project_id, now=now)
     if gpu_types and connection.vendor != "postgresql":
         # Embedded SQLite has no JSON containment; it has no row locks either, so narrowing
         # in Python locks nothing extra.
@@ -60,6 +54,38 @@ def eligible_buckets(
     else:
         qs = qs.filter(gpu_types=[])
     return qs
+
+
+def _in_scope(*, org_id: int, project_id: int | None, now: datetime) -> Any:
+    """Funded buckets of the org a hold of `project_id` may draw on now, whatever their GPU types."""
+    qs = Bucket.objects.filter(org_id=org_id, available__gt=0, effective_at__lte=now).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    )
+    if project_id is None:
+        return qs.filter(project__isnull=True)
+    return qs.filter(Q(project__isnull=True) | Q(project_id=project_id))
+
+
+def spendable_by_gpu_types(
+    *, org_id: int, project_id: int | None, now: datetime
+) -> dict[tuple[str, ...], int]:
+    """{a bucket restriction (sorted GPU type names; () = any type): available credits under it}
+    that a hold of the org (and project) could draw on now. One grouped read, unlocked: for
+    choosing which of a job's types to hold for; the placement locks and re-checks."""
+    spendable: dict[tuple[str, ...], int] = {}
+    rows = (_in_scope(org_id=org_id, project_id=project_id, now=now).order_by()
+            .values_list("gpu_types").annotate(total=Sum("available")))
+    for types, total in rows:
+        key = tuple(sorted(types or ()))
+        spendable[key] = spendable.get(key, 0) + int(total or 0)
+    return spendable
+
+
+def funds_for(spendable: dict[tuple[str, ...], int], gpu_types: Iterable[str]) -> int:
+    """What of `spendable` a hold for `gpu_types` may draw on (the rule of `eligible_buckets`)."""
+    wanted = set(gpu_types)
+    return sum(total for types, total in spendable.items()
+               if not types or (wanted and wanted <= set(types)))
 
 
 def lock_eligible_buckets(

@@ -362,7 +362,7 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
             "current_hold_id", "current_hold__state", "attempt_count", "wait_reason", "wait_detail",
             "org__hold_window_seconds", "current_hold__authorized", "current_hold__captured",
             "current_hold__released", "aging_from", "expected_start_at", "price_capped_until",
-            "dependency",
+            "current_hold__gpu_types", "dependency",
         )
         .order_by("submitted_at", "id")
     )
@@ -375,7 +375,10 @@ def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, 
     for row in queued:
         (job_id, org_id, project_id, user_id, klass, gpus, wall, submitted, types, memory, preemptible,
          regions, hold_id, hold_state, attempts, wait_reason, wait_detail, window, authorized, captured,
-         released, aging_from, expected_start_at, capped_until, _dependency) = row
+         released, aging_from, expected_start_at, capped_until, hold_types, _dependency) = row
+        if types and hold_types and hold_state == HoldState.ACTIVE:
+            # Held on some of its types only (credits restricted to those): it runs only there.
+            types = [name for name in types if name in hold_types] or types
         eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         remaining = (authorized or 0) - (captured or 0) - (released or 0)
         max_price = None

@@ -87,7 +87,10 @@ class HoldSummarySerializer(serializers.ModelSerializer):
     class Meta:
         model = Hold
         fields = ["id", "state", "authorized", "captured", "released", "expired", "remaining",
-                  "created_at", "settled_at"]
+                  "gpu_types", "created_at", "settled_at"]
+        extra_kwargs = {"gpu_types": {"help_text": (
+            "The GPU types the hold pays for: the job runs only on those of its types (fewer than "
+            "it accepts when its org's credits are restricted to some GPU types).")}}
 
     def get_released(self, hold: Hold) -> int:
         return release_split(hold)[0]
@@ -237,7 +240,8 @@ def render_hold_summary(hold: Hold) -> dict[str, Any]:
     return {
         "id": hold.pk, "state": str(hold.state), "authorized": int(hold.authorized),
         "captured": int(hold.captured), "released": returned, "expired": expired,
-        "remaining": int(hold.remaining), "created_at": _when(hold.created_at),
+        "remaining": int(hold.remaining), "gpu_types": list(hold.gpu_types),
+        "created_at": _when(hold.created_at),
         "settled_at": _when(hold.settled_at),
     }
 

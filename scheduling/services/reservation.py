@@ -1,5 +1,6 @@
 """Pricing and placing a job's hold: budgets at every level, then the funds (DESIGN.md §4-§6)."""
 
+import json
 from datetime import datetime
 
 from django.db import transaction
@@ -10,17 +11,21 @@ from config.clock import db_now
 from config.errors import DomainError
 from ledger.errors import InsufficientCredits
 from ledger.models import Hold
+from ledger.money import format_credits
 from ledger.services import CallerEvent, place_hold
+from ledger.services.holds import funds_for, spendable_by_gpu_types
 from scheduling.core.feasibility import Never, why_never_fits, why_over_quota
 from scheduling.models import Job
 from scheduling.pricing import (
     Catalog,
+    Quote,
     catalog,
     catalog_knowing,
     cost,
     current_prices,
     held_seconds,
     hold_amount,
+    hold_quote,
 )
 
 
@@ -157,6 +162,60 @@ def place_job_hold(
     return hold
 
 
+def restriction_cuts(types: list[str], spendable: dict[tuple[str, ...], int]) -> list[list[str]]:
+    """`types` (in preference order), then each subset of them that credits restricted to some GPU
+    types could pay for (`types` narrowed to a restriction, or to several restrictions at once),
+    best first: the one with the job's first-preferred type, then its second, and so on."""
+    cuts = {tuple(types)}
+    restrictions = [set(r) for r, total in spendable.items() if r and total > 0]
+    frontier = {tuple(t for t in types if t in r) for r in restrictions} - {()}
+    while frontier - cuts:
+        new = frontier - cuts
+        cuts |= new
+        frontier = {tuple(t for t in cut if t in r) for cut in new for r in restrictions} - {()}
+    return [list(cut) for cut in sorted(cuts, key=lambda cut: tuple(t not in cut for t in types))]
+
+
+def restricted_refusal(short: InsufficientCredits, types: list[str], spendable: dict[tuple[str, ...], int]
+                       ) -> InsufficientCredits:
+    """The refusal of a hold for `types` when credits restricted to other GPU types exist: it says
+    so, instead of "only 0.00 available" beside a balance that shows them (QA)."""
+    wanted = set(types)
+    other = {r: total for r, total in spendable.items() if r and total > 0 and not wanted <= set(r)}
+    if not other:
+        return short
+    listed = "; ".join(f"{format_credits(total)} to {', '.join(r)}" for r, total in sorted(other.items()))
+    paid_for = [t for t in types if any(t in r for r in other)] or sorted({t for r in other for t in r})
+    detail = (
+        f"Needs {format_credits(short.needed)} credits for GPU types {', '.join(types)}, only "
+        f"{format_credits(short.available)} available for them; the org's other "
+        f"{format_credits(sum(other.values()))} available credits are restricted to certain GPU types "
+        f"({listed}) and cannot pay for this job: they hold only for jobs that run on types they pay "
+        f"for, e.g. gpu_types {json.dumps(paid_for)}."
+    )
+    return InsufficientCredits(
+        needed=short.needed, available=short.available, detail=detail,
+        restricted=[{"gpu_types": list(r), "available": total} for r, total in sorted(other.items())],
+    )
+
+
+def choose_hold_types(
+    *, snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...], org_id: int,
+    project_id: int, seconds: int, at: datetime, spendable: dict[tuple[str, ...], int],
+) -> tuple[list[str], Quote] | None:
+    """The best subset of `types` (`restriction_cuts`) that the org's spendable credits can hold
+    for at its dearest runnable type's price, with that price; None when none can. A hold for a
+    subset draws only on buckets that pay for every type in it, and the job runs only on them."""
+    for cut in restriction_cuts(types, spendable):
+        if why_never_runs(snap, cut, gpu_count, regions, org_id, project_id) is not None:
+            continue
+        priced = runnable_types(snap, cut, gpu_count, regions, org_id, project_id)
+        quote = hold_quote(gpu_types=priced, gpu_count=gpu_count, seconds=seconds, at=at)
+        if funds_for(spendable, cut) >= quote.amount:
+            return cut, quote
+    return None
+
+
 def price_tiers(types: list[str], at: datetime) -> list[list[str]]:
     """`types` and, after them, those below each lower price level: [[H100, A100, L4], [A100, L4],
     [L4]] for three prices. A hold priced at a tier pays for every type in it."""
@@ -174,7 +233,9 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
     refuse that, at the next cheaper price level, and so on (review: a job accepted at A100's
     price, requeued once an H100 node had appeared in its region, was priced at H100's, refused,
     and waited `budget` for ever with A100 free). The scheduler tops a hold up before placing a
-    job on a dearer type, or runs it on the types the hold covers.
+    job on a dearer type, or runs it on the types the hold covers. When no level of all its types
+    can be funded, the subsets of its types that credits restricted to GPU types pay for are tried
+    (`restriction_cuts`): the hold then covers (and the job runs on) only that subset.
 
     Lock order: the caller holds the job; budget periods (org, project, member) are locked and
     checked here before `place_hold` locks buckets. Raises BudgetExceeded or InsufficientCredits
@@ -185,15 +246,25 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
         return existing, list(existing.gpu_types)
     now = db_now()
     types = eligible_gpu_types(job)
-    priced = runnable_types(catalog(), types, job.gpu_count, tuple(job.regions), job.org_id,
-                            job.project_id)
-    tiers = price_tiers(priced, now)
-    for n, tier in enumerate(tiers, start=1):
-        amount = price_job_hold(job, tier, at=now)
-        try:
-            with transaction.atomic():  # a refused level leaves nothing behind
-                return place_job_hold(job=job, key=key, types=types, amount=amount, now=now), tier
-        except (BudgetExceeded, InsufficientCredits):
-            if n == len(tiers):
-                raise
-    raise AssertionError("unreachable: the last level re-raises")
+    snap, regions = catalog(), tuple(job.regions)
+    spendable = spendable_by_gpu_types(org_id=job.org_id, project_id=job.project_id, now=now)
+    refusal: BudgetExceeded | InsufficientCredits | None = None
+    for cut in restriction_cuts(types, spendable):
+        # A narrower cut (credits restricted to some of its types) only when it could run the job.
+        if cut != types and why_never_runs(snap, cut, job.gpu_count, regions, job.org_id, job.project_id):
+            continue
+        priced = runnable_types(snap, cut, job.gpu_count, regions, job.org_id, job.project_id)
+        for tier in price_tiers(priced, now):
+            amount = price_job_hold(job, tier, at=now)
+            if cut != types and funds_for(spendable, cut) < amount:
+                continue
+            try:
+                with transaction.atomic():  # a refused level leaves nothing behind
+                    return place_job_hold(job=job, key=key, types=cut, amount=amount, now=now), tier
+            except (BudgetExceeded, InsufficientCredits) as error:
+                if refusal is None or cut == types:
+                    refusal = error  # the full set's cheapest level's, as before
+    assert refusal is not None  # the full set is always tried
+    if isinstance(refusal, InsufficientCredits):
+        raise restricted_refusal(refusal, types, spendable)
+    raise refusal

@@ -16,7 +16,9 @@ from accounts.selectors import can_submit, job_write_refusal
 from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
+from ledger.errors import InsufficientCredits
 from ledger.services import CallerEvent
+from ledger.services.holds import funds_for, spendable_by_gpu_types
 from scheduling.core import reasons
 from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass, PriorityGrant
 from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_quote
@@ -24,9 +26,11 @@ from scheduling.services import dependencies
 from scheduling.services.holding import held_detail
 from scheduling.services.reservation import (
     check_can_ever_run,
+    choose_hold_types,
     eligible_types,
     hold_seconds,
     place_job_hold,
+    restricted_refusal,
     run_estimate,
     runnable_types,
 )
@@ -238,6 +242,18 @@ def submit_job(
     job.org = project.org
     priced = runnable_types(snap, types, spec.gpu_count, spec.regions, project.org_id, project.pk)
     quote = hold_quote(gpu_types=priced, gpu_count=spec.gpu_count, seconds=hold_seconds(job), at=now)
+    # Credits restricted to some GPU types pay only for holds of jobs that run on those types: when
+    # the credits for all of the job's types fall short, it is held (and runs) on the best subset
+    # of them its credits can pay for (one unlocked read; the placement locks and re-checks).
+    spendable = spendable_by_gpu_types(org_id=project.org_id, project_id=project.pk, now=now)
+    hold_types, narrowed = types, False
+    if funds_for(spendable, types) < quote.amount:
+        choice = choose_hold_types(
+            snap=snap, types=types, gpu_count=spec.gpu_count, regions=spec.regions, org_id=project.org_id,
+            project_id=project.pk, seconds=hold_seconds(job), at=now, spendable=spendable,
+        )
+        if choice is not None and choice[0] != types:
+            (hold_types, quote), narrowed = choice, True
     amount, job.estimate = quote.amount, run_estimate(job, quote.rate)
     after = dependencies.check(user=user, project=project, spec=spec) if spec.depends_on else None
     if after is not None:
@@ -262,6 +278,8 @@ def submit_job(
     # transaction (id, key, buckets) too, so the money movement stays audited in this transaction.
     data: dict[str, Any] = {"project": project.pk, "idempotency_key": idempotency_key[:255],
                             "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count}
+    if narrowed:  # held (and run) on these of its types only: the credits pay for no others
+        data["hold_gpu_types"] = hold_types
     if spec.depends_on:
         data.update(depends_on=list(spec.depends_on), dependency=spec.dependency)
     if spec.held:
@@ -269,8 +287,11 @@ def submit_job(
     event = CallerEvent(
         action="sched.job.submit", subject_type="job", subject_id=job.pk, reason_code="submitted", data=data,
     )
-    hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=types, amount=amount, now=now,
-                          fresh=True, audit_as=event)
+    try:
+        hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=hold_types, amount=amount, now=now,
+                              fresh=True, audit_as=event)
+    except InsufficientCredits as short:
+        raise (short if narrowed else restricted_refusal(short, types, spendable)) from None
     pointer = (_SET_POINTER, [hold.pk, job.pk])
     if deferred_writes is not None:
         deferred_writes.append(pointer)
