@@ -80,16 +80,16 @@ def test_a_heartbeat_during_the_sweeps_re_check_waits_and_does_not_deadlock(
 ) -> None:
     attempt = _running_on_a_node_gone_down(world, funded, make_attempt)
     beat = Worker(lambda: ingest_heartbeats(node=world.node, items=[HeartbeatItem(attempt.pk, 2, 1_060_000)]))
-    recheck = tick._still_on_a_node_that_is
+    recheck = tick._its_nodes_that_are
 
-    def recheck_then_heartbeat(locked: JobAttempt, state: str) -> bool:
+    def recheck_then_heartbeat(locked: JobAttempt, state: str) -> list[int]:
         answer = recheck(locked, state)  # the usage row and the node are locked now
         if beat.thread.ident is None:  # not started yet: the first re-check
             beat.start()
             assert another_session_waits(beat.done)
         return answer
 
-    monkeypatch.setattr(tick, "_still_on_a_node_that_is", recheck_then_heartbeat)
+    monkeypatch.setattr(tick, "_its_nodes_that_are", recheck_then_heartbeat)
     assert tick._end_lost(attempt.pk, attempt.job_id)  # one transaction, as the sweep runs it
     assert beat.join().errors == []
     attempt.refresh_from_db()
