@@ -55,6 +55,7 @@ from scheduling.models import (  # noqa: E402
     JobState,
     Node,
     PriorityClass,
+    PriorityGrant,
 )
 from scheduling.selectors import job_standing, order_queue  # noqa: E402
 from scheduling.services.tick import run_scheduling_pass  # noqa: E402
@@ -82,6 +83,12 @@ def populate(snap: core.Snapshot) -> None:
     org_ids = sorted({j.org_id for j in snap.pending} | {r.org_id for r in snap.running})
     orgs = {o: Organization(name=f"org {o}", slug=f"bench-org-{o}") for o in org_ids}
     Organization.objects.bulk_create(orgs.values())
+    # Every org may use every restricted class (production): the synthetic queue's classes are the
+    # core bench's (an ungranted org's jobs would wait out of the pass, session 16).
+    PriorityGrant.objects.bulk_create(
+        PriorityGrant(org=org, priority_class=klass) for org in orgs.values() for klass in classes.values()
+        if klass.restricted
+    )
     project_ids = sorted({j.project_id for j in snap.pending} | {r.project_id for r in snap.running})
     projects = {p: Project(org=orgs[p // 10], name=f"p{p}", slug=f"p{p}") for p in project_ids}
     Project.objects.bulk_create(projects.values())
