@@ -15,7 +15,6 @@ from django.db.models import (
     Count,
     DateTimeField,
     DurationField,
-    Exists,
     ExpressionWrapper,
     F,
     OuterRef,
@@ -30,6 +29,7 @@ from django.db.models.functions import Coalesce, TruncHour
 from accounts.models import Membership, Organization, Project
 from ledger.models import HoldState
 from scheduling import core
+from scheduling.grants import class_not_granted
 from scheduling.models import (
     RAN_SINCE_RELEASE,
     Allocation,
@@ -41,7 +41,6 @@ from scheduling.models import (
     JobState,
     Node,
     PriorityClass,
-    PriorityGrant,
     Quota,
     scheduling_state,
     scheduling_state_at,
@@ -301,19 +300,11 @@ def _waiting_queued(now: datetime) -> QuerySet[Job]:
         Q(funding_retry_at__isnull=True) | Q(funding_retry_at__lte=now))
 
 
-def _class_not_granted() -> Q:
-    """The job's priority class is restricted and its org holds no grant of it (revoked since the
-    job was submitted, or the class restricted since)."""
-    granted = PriorityGrant.objects.filter(
-        org_id=OuterRef("org_id"), priority_class_id=OuterRef("priority_class_id"))
-    return Q(priority_class__restricted=True) & ~Exists(granted)
-
-
 def offered_queued(now: datetime) -> QuerySet[Job]:
     """Queued jobs a pass may be offered: not held, past any retry backoff and funding retry, their
     org still granted their class if it is restricted. Those with dependencies are offered only
     once they are met (`dependencies.unmet_among`, asked about them alone)."""
-    return _waiting_queued(now).exclude(_class_not_granted())
+    return _waiting_queued(now).exclude(class_not_granted())
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +324,7 @@ def not_granted_queued(now: datetime) -> tuple[NotGranted, ...]:
     is granted again or they are cancelled; running ones run on (review: a revoked `production`
     grant left the org's queued jobs preempting other orgs' work)."""
     rows = list(
-        _waiting_queued(now).filter(_class_not_granted())
+        _waiting_queued(now).filter(class_not_granted())
         .values_list("id", "org_id", "org__name", "priority_class__name", "wait_reason", "wait_detail",
                      "dependency")
     )

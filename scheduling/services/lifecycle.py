@@ -26,6 +26,7 @@ from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
 from scheduling.core import reasons
+from scheduling.grants import class_not_granted
 from scheduling.models import (
     DETAIL_MAX_LENGTH,
     TERMINAL_JOB_STATES,
@@ -535,10 +536,12 @@ def wait_when_funded(job: Job, now: datetime) -> tuple[str, str]:
 def fund_waiting_jobs(*, limit: int = 100, org_id: int | None = None) -> int:
     """Give queued jobs without a hold (refused at requeue) another try; returns how many got one.
     Not held jobs: a refusal would overwrite their `held` wait (QA: a held job showed `budget` and
-    left the `held` filter); `release_job` funds one when it is released."""
+    left the `held` filter); `release_job` funds one when it is released. Nor jobs whose org lost
+    the grant of their class: they cannot run, and would hold credits meanwhile (review)."""
     now = db_now()
     ids = list(
         Job.objects.filter(state=S.QUEUED, current_hold__isnull=True, held=False)
+        .exclude(class_not_granted())
         .filter(Q(funding_retry_at__isnull=True) | Q(funding_retry_at__lte=now))
         .filter(Q() if org_id is None else Q(org_id=org_id))
         .order_by("submitted_at", "pk")

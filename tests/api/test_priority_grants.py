@@ -165,3 +165,20 @@ def test_a_class_restricted_after_submission_holds_back_the_jobs_of_orgs_not_gra
     run_scheduling_pass(trigger="test")
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.state, job.wait_reason) == ("queued", "class-not-granted")
+
+
+def test_a_job_waiting_for_funds_is_not_funded_while_its_class_is_not_granted(tenant: Any) -> None:
+    """Review: the funding retry gave a hold to a job that cannot run (its org lost the grant),
+    locking credits for nothing; it is funded once the class is granted again."""
+    from ledger.services import release_hold
+    from scheduling.services.lifecycle import fund_waiting_jobs
+
+    response = post(client_for(tenant.user), _body(tenant))
+    job = Job.objects.get(pk=response.json()["id"])
+    release_hold(hold=job.current_hold, key="test-release")  # as a requeue refused for funds leaves it
+    Job.objects.filter(pk=job.pk).update(current_hold=None)
+    PriorityGrant.objects.filter(org=tenant.org).delete()
+    assert fund_waiting_jobs() == 0
+    assert Job.objects.get(pk=job.pk).current_hold_id is None
+    PriorityGrant.objects.create(org=tenant.org, priority_class=PriorityClass.objects.get(name="production"))
+    assert fund_waiting_jobs() == 1
