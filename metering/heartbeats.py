@@ -111,7 +111,7 @@ HOT_SQL = f"""
             %(utils)s::double precision[], %(mems)s::bigint[]) AS v (attempt_id, seq, gpu_ms, util, mem)
     ),
     ok AS (
-        SELECT v.attempt_id, v.seq, v.util, v.mem,
+        SELECT v.attempt_id, v.seq, v.util, v.mem, a.node_count > 1 AS gang,
                -- a gang's part: this node's GPU-ms scaled to the gang's live GPUs (module doc);
                -- evaluated only for attempts on several nodes
                CASE WHEN a.node_count > 1 THEN (
@@ -143,7 +143,10 @@ HOT_SQL = f"""
             last_seq = GREATEST(u.last_seq, ok.seq),
             gpu_utilization = CASE WHEN ok.seq > u.last_seq THEN ok.util ELSE u.gpu_utilization END,
             memory_used_mb = CASE WHEN ok.seq > u.last_seq THEN ok.mem ELSE u.memory_used_mb END,
-            last_heartbeat_at = now()
+            last_heartbeat_at = now(),
+            part_reports = CASE WHEN ok.gang THEN jsonb_set(COALESCE(u.part_reports, '{{}}'::jsonb),
+                                                            ARRAY[%(node)s::text], to_jsonb(now()))
+                           ELSE u.part_reports END
         -- settled_at is re-checked on the row itself after a lock wait (EvalPlanQual), so a
         -- heartbeat racing a settlement can never move usage that has already been billed.
         FROM ok WHERE u.attempt_id = ok.attempt_id AND u.settled_at IS NULL
@@ -310,6 +313,8 @@ def _apply_usage_portable(
                 usage.memory_used_mb = item.memory_used_mb
             usage.last_seq = max(usage.last_seq, item.seq)
             usage.last_heartbeat_at = now
+            if attempt.node_count > 1:
+                usage.part_reports = {**(usage.part_reports or {}), str(node_id): now.isoformat()}
             usage.save()
             accepted.append(usage.attempt_id)
     stops = stops_for_node(node_id=node_id) if with_stops else []

@@ -18,6 +18,9 @@ class AttemptUsage(models.Model):
     gpu_utilization = models.FloatField(null=True, blank=True)  # telemetry, never money
     memory_used_mb = models.BigIntegerField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A gang on several nodes: when each node last reported its part ({"<node id>": ISO time}), so a
+    # part its node no longer reports is seen while another part reports (tick.end_attempts_...).
+    part_reports = models.JSONField(null=True, blank=True)
     # Set once, by settlement, in the same transaction; heartbeats stop moving the row after it.
     settled_at = models.DateTimeField(null=True, blank=True)
 

@@ -12,14 +12,14 @@ from time import perf_counter
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, DateTimeField, ExpressionWrapper, F, QuerySet
-from django.db.models.functions import Coalesce
+from django.db.models import Count
 
 from audit.services import record
 from config import metrics
 from config.clock import db_now
 from ledger.retry import retry_on_conflict
 from metering import conf as metering_conf
+from metering.models import AttemptUsage
 from metering.settlement import lock_usage
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
@@ -291,26 +291,48 @@ def end_attempts_on_down_nodes(*, limit: int = 200) -> int:
     return ended
 
 
-def _left_out(after: timedelta) -> QuerySet[JobAttempt]:
-    """Started attempts with a started part on a ready node that has heartbeated for `after` since
-    the attempt was last reported (or started) without reporting it: its agent does not run it."""
-    last_seen = ExpressionWrapper(Coalesce(F("usage__last_heartbeat_at"), F("started_at")) + after,
-                                  output_field=DateTimeField())
-    return JobAttempt.objects.filter(
-        state__in=(AttemptState.RUNNING, AttemptState.STOPPING), started_at__isnull=False,
-        allocations__released_at__isnull=True, allocations__started_at__isnull=False,
-        allocations__node__state=NodeState.READY, allocations__node__last_heartbeat_at__gt=last_seen,
-    )
+_LEFT_OUT_SQL = f"""
+    SELECT DISTINCT a.id, a.job_id, al.node_id
+    FROM {JobAttempt._meta.db_table} a
+    JOIN {Allocation._meta.db_table} al
+      ON al.attempt_id = a.id AND al.released_at IS NULL AND al.started_at IS NOT NULL
+    JOIN {Node._meta.db_table} n ON n.id = al.node_id AND n.state = %(ready)s
+    LEFT JOIN {AttemptUsage._meta.db_table} u ON u.attempt_id = a.id
+    WHERE a.state IN (%(running)s, %(stopping)s) AND a.started_at IS NOT NULL
+      AND (%(attempt)s::bigint IS NULL OR a.id = %(attempt)s::bigint)
+      AND n.last_heartbeat_at > %(after)s + CASE
+        -- a gang: when this node last reported its part (or started it)
+        WHEN a.node_count > 1 THEN COALESCE((u.part_reports ->> al.node_id::text)::timestamptz, al.started_at)
+        ELSE COALESCE(u.last_heartbeat_at, a.started_at) END
+    ORDER BY a.id, al.node_id
+    LIMIT %(limit)s
+"""  # noqa: S608
+
+
+def _left_out(
+    after: timedelta, *, attempt_id: int | None = None, limit: int = 200
+) -> list[tuple[int, int, int]]:
+    """(attempt, job, node) of started parts on ready nodes that have heartbeated for `after` since
+    they last reported the part (or started it) without reporting it: their agent does not run it.
+    A gang's parts are judged node by node (`AttemptUsage.part_reports`; review: one usage row per
+    attempt hid a part its node had dropped while another part reported)."""
+    params = {"ready": NodeState.READY, "running": AttemptState.RUNNING, "stopping": AttemptState.STOPPING,
+              "attempt": attempt_id, "after": after, "limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(_LEFT_OUT_SQL, params)
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def end_attempts_their_nodes_leave_out(*, limit: int = 200) -> int:
     """End as `lost` the attempts whose node keeps heartbeating without them (QA: an exit report the
     server refused was dropped by the agent, and the job stayed `running`, its GPUs and credits held,
-    a cancel never answered). A heartbeat carries every attempt its agent runs, so one left out of
-    them all for METERING_UNREPORTED_ATTEMPT_AFTER_S (5 min; 10 heartbeats) has ended there unseen.
-    Re-checked under the job, attempt and usage locks (a heartbeat updates the usage row)."""
+    a cancel never answered). A heartbeat carries every attempt its agent runs (and those whose exit
+    report is on its way), so one left out of them all for METERING_UNREPORTED_ATTEMPT_AFTER_S (5 min;
+    10 heartbeats) has ended there unseen. A gang's part is ended alone while other parts run
+    (`end_gang_part`). Re-checked under the job, attempt and usage locks (a heartbeat updates the
+    usage row)."""
     after = timedelta(seconds=metering_conf.value("METERING_UNREPORTED_ATTEMPT_AFTER_S"))
-    ids = list(_left_out(after).distinct().order_by("pk").values_list("pk", "job_id")[:limit])
+    ids = sorted({(attempt_id, job_id) for attempt_id, job_id, _node in _left_out(after, limit=limit)})
     ended = 0
     for attempt_id, job_id in ids:
         try:
@@ -325,10 +347,16 @@ def _end_left_out(attempt_id: int, job_id: int, after: timedelta) -> bool:
     lock_job(job_id)
     attempt = JobAttempt.objects.select_for_update().get(pk=attempt_id)
     lock_usage(attempt)
-    if not _left_out(after).filter(pk=attempt_id).exists():
+    nodes = [node_id for _a, _j, node_id in _left_out(after, attempt_id=attempt_id)]
+    if not nodes:
         return False  # reported, ended or its node silent since the sweep read it
-    log.warning("attempt %s: its node has not reported it for %s; ending it lost", attempt_id, after)
-    finish_attempt(attempt=attempt, outcome="lost")
+    log.warning("attempt %s: nodes %s have not reported it for %s; ending it there lost", attempt_id, nodes,
+                after)
+    for node_id in nodes:
+        if not end_gang_part(attempt=attempt, node_id=node_id, outcome="lost", exit_code=None):
+            finish_attempt(attempt=attempt, outcome="lost")
+            break
+        attempt.refresh_from_db()
     return True
 
 

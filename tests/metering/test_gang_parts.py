@@ -169,3 +169,38 @@ def test_a_lost_node_of_a_gang_stops_the_live_part_which_keeps_its_gpus_until_it
     attempt.refresh_from_db()
     assert (attempt.state, attempt.outcome, attempt.job.state) == (AttemptState.ENDED, "lost", "queued")
     assert not Allocation.objects.filter(attempt=attempt, released_at__isnull=True).exists()
+
+
+def test_a_part_its_own_node_no_longer_reports_is_ended_while_the_other_part_reports(gang: Any) -> None:
+    """Review: the left-out sweep read one usage row per attempt, kept fresh by the part still
+    reporting, so a part its node had dropped held its GPUs (billed, x2) until the other part ended."""
+    from django.db import connection
+
+    from scheduling.services.tick import sweep_nodes
+
+    attempt, (first, second), nodes = gang
+    _start_both(attempt, [first, second])
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": PER_NODE_MS}]}
+    for client in (first, second):
+        assert post(client, "/heartbeats", beat).json()["accepted"] == 1
+    usage = AttemptUsage.objects.get(attempt=attempt)
+    assert set(usage.part_reports) == {str(nodes[0].pk), str(nodes[1].pk)}
+    with connection.cursor() as cursor:  # node B last reported its part 10 minutes ago
+        cursor.execute("UPDATE metering_attemptusage SET part_reports = jsonb_set(part_reports, %s, "
+                       "to_jsonb(now() - interval '10 minutes')) WHERE attempt_id = %s",
+                       [[str(nodes[1].pk)], attempt.pk])
+        cursor.execute("UPDATE scheduling_allocation SET allocated_at = now() - interval '1 hour', "
+                       "started_at = now() - interval '1 hour' WHERE attempt_id = %s", [attempt.pk])
+    beat["attempts"][0]["seq"] = 2
+    assert post(first, "/heartbeats", beat).json()["accepted"] == 1  # part A reports now
+    assert post(second, "/heartbeats", {"attempts": []}).status_code == 200  # B: alive, without it
+    sweep_nodes()
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.first_part_outcome) == (AttemptState.STOPPING, "lost")
+    live = Allocation.objects.filter(attempt=attempt, released_at__isnull=True)
+    assert set(live.values_list("node_id", flat=True)) == {nodes[0].pk}  # B's GPUs are free
+    stopped = {"seq": 3, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": None, "signal": 15,
+               "outcome": "cancelled"}
+    post(first, f"/attempts/{attempt.pk}/exit", stopped)
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.outcome, attempt.job.state) == (AttemptState.ENDED, "lost", "queued")
