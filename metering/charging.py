@@ -30,7 +30,7 @@ from metering import conf
 from metering.cost import cost
 from metering.models import AttemptUsage
 from metering.settlement import captured_gpu_ms_for, lock_usage
-from scheduling.models import AttemptState, Job, JobAttempt
+from scheduling.models import AttemptState, GpuType, Job, JobAttempt
 
 
 class Action(enum.StrEnum):
@@ -134,10 +134,15 @@ def _try_extend(attempt: JobAttempt, job: Job, hold: Hold, amount: int) -> str:
     """Extend by `amount` in a savepoint; returns "" or the refusal's detail."""
     from budgets.services import record_extension
 
+    # The run is on one type: credits restricted to it may fund the extension (the hold is then
+    # narrowed to it; a requeue gets a fresh hold).
+    run_type = None if len(hold.gpu_types) == 1 else (
+        GpuType.objects.filter(pk=attempt.gpu_type_id).values_list("name", flat=True).first())
     try:
         with transaction.atomic():  # a refusal must leave the caller's transaction usable
             record_extension(hold=hold, amount=amount)
-            extend_hold(hold=hold, amount=amount, key=f"attempt:{attempt.pk}:extend:{hold.authorized}")
+            extend_hold(hold=hold, amount=amount, key=f"attempt:{attempt.pk}:extend:{hold.authorized}",
+                        run_type=run_type)
     except DomainError as refusal:
         return str(refusal.detail)
     return ""

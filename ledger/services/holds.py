@@ -136,15 +136,29 @@ def _allocate(buckets: list[Bucket], amount: int) -> list[tuple[Bucket, int]]:
 
 def _hold_funds(
     *, hold: Hold, amount: int, now: datetime, kind: str, key: str, params: dict[str, Any],
-    memo: str = "", new_hold: bool = False,
+    memo: str = "", new_hold: bool = False, run_type: str | None = None,
 ) -> tuple[LedgerTransaction, list[tuple[Bucket, int]], Reserved | None]:
     """Lock the hold's eligible buckets (by id), move `amount` available -> held, record lines,
     and write it all (one statement on PostgreSQL) with its journal transaction; the same statement
-    reserves the org's audit chain head (returned) for the caller's one audit event."""
+    reserves the org's audit chain head (returned) for the caller's one audit event.
+
+    `run_type` (`extend_hold`): the buckets for that type are locked at once (a superset of the
+    hold's own); when the hold's own cannot fund `amount`, the hold is narrowed to `[run_type]`."""
+    types = list(hold.gpu_types)
+    wider = run_type is not None and types != [run_type] and (not types or run_type in types)
     buckets = lock_eligible_buckets(
-        org_id=hold.org_id, project_id=hold.project_id, gpu_types=list(hold.gpu_types), now=now
+        org_id=hold.org_id, project_id=hold.project_id, gpu_types=[run_type] if wider else types, now=now
     )
-    plan = _allocate(buckets, amount)
+    own = [b for b in buckets if not b.gpu_types or (types and set(types) <= set(b.gpu_types))]
+    try:
+        plan = _allocate(own, amount)
+    except InsufficientCredits:
+        if not wider or len(own) == len(buckets):
+            raise
+        plan = _allocate(buckets, amount)
+        # Its lines now draw on credits restricted to `run_type`: the hold may pay for that type only.
+        Hold.objects.filter(pk=hold.pk).update(gpu_types=[run_type])
+        hold.gpu_types = [run_type]
     # A hold inserted by this transaction has no lines yet: no need to read them.
     existing = {} if new_hold else {line.bucket_id: line for line in hold.lines.all()}
     m = Movement(org_id=hold.org_id, kind=kind, key=key, now=now, params=params, hold=hold, memo=memo)
@@ -284,8 +298,14 @@ def _place_hold(
 
 @retry_on_conflict()
 @transaction.atomic
-def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None) -> Hold:
-    """Hold `amount` more for an active hold, from the same eligible buckets (all-or-nothing)."""
+def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None, run_type: str | None = None) -> Hold:
+    """Hold `amount` more for an active hold, from the same eligible buckets (all-or-nothing).
+
+    `run_type`: the one GPU type the hold's job runs (or is being placed) on, one of the hold's
+    types. When the buckets for all of the hold's types cannot fund the extension, those for that
+    type can too (credits restricted to it): the hold is then narrowed to it (`gpu_types` becomes
+    `[run_type]`, in the audit event's data), so those credits never pay for another type (review:
+    a run on A100 held for A100 and H100 was stopped out of credit beside unused A100 credits)."""
     check_amount(amount)
     locked, clock = lock_hold_with_clock(hold.pk)
     txn_key = f"extend:{locked.pk}:{key}"
@@ -294,13 +314,14 @@ def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None) -> Hold
         return locked
     if locked.state != HoldState.ACTIVE:
         raise HoldNotActive(f"Hold {locked.pk} is {locked.state}.", hold=locked.pk)
+    before = list(locked.gpu_types)
     txn, plan, head = _hold_funds(
         hold=locked, amount=amount, now=ledger_time(clock), kind=TransactionKind.EXTEND, key=txn_key,
-        params=params,
+        params=params, run_type=run_type,
     )
-    audit(
-        txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor,
-        data={"buckets": {str(b.pk): take for b, take in plan}},
-        reserved=head,
-    )
+    data: dict[str, Any] = {"buckets": {str(b.pk): take for b, take in plan}}
+    if locked.gpu_types != before:
+        data["gpu_types"] = {"from": before, "to": list(locked.gpu_types)}
+    audit(txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor, data=data, reserved=head)
+    hold.gpu_types = list(locked.gpu_types)
     return locked

@@ -83,14 +83,16 @@ class HoldSummarySerializer(serializers.ModelSerializer):
         help_text="Released after its bucket had expired, so it went to expiry: the org did not get it back."
     )
     remaining = serializers.IntegerField(read_only=True)
+    gpu_types = serializers.ListField(  # typed: the model's JSONField would be any JSON (review)
+        child=serializers.CharField(), read_only=True,
+        help_text=("The GPU types the hold pays for: the job runs only on those of its types (fewer than "
+                   "it accepts when its org's credits are restricted to some GPU types)."),
+    )
 
     class Meta:
         model = Hold
         fields = ["id", "state", "authorized", "captured", "released", "expired", "remaining",
                   "gpu_types", "created_at", "settled_at"]
-        extra_kwargs = {"gpu_types": {"help_text": (
-            "The GPU types the hold pays for: the job runs only on those of its types (fewer than "
-            "it accepts when its org's credits are restricted to some GPU types).")}}
 
     def get_released(self, hold: Hold) -> int:
         return release_split(hold)[0]

@@ -176,22 +176,33 @@ def restriction_cuts(types: list[str], spendable: dict[tuple[str, ...], int]) ->
     return [list(cut) for cut in sorted(cuts, key=lambda cut: tuple(t not in cut for t in types))]
 
 
-def restricted_refusal(short: InsufficientCredits, types: list[str], spendable: dict[tuple[str, ...], int]
-                       ) -> InsufficientCredits:
+def restricted_refusal(
+    short: InsufficientCredits, types: list[str], spendable: dict[tuple[str, ...], int], *, snap: Catalog,
+    gpu_count: int, regions: tuple[str, ...], org_id: int, project_id: int,
+) -> InsufficientCredits:
     """The refusal of a hold for `types` when credits restricted to other GPU types exist: it says
-    so, instead of "only 0.00 available" beside a balance that shows them (QA)."""
+    so, instead of "only 0.00 available" beside a balance that shows them (QA). It suggests only
+    types those credits pay for that could ever run the job (review: it suggested a type with no
+    node in the job's regions, which the submission then refused 400), or none."""
     wanted = set(types)
     other = {r: total for r, total in spendable.items() if r and total > 0 and not wanted <= set(r)}
     if not other:
         return short
+
+    def runnable(names: list[str]) -> list[str]:
+        return [t for t in names if _never_on(snap, t, gpu_count, regions, org_id, project_id) is None]
+
     listed = "; ".join(f"{format_credits(total)} to {', '.join(r)}" for r, total in sorted(other.items()))
-    paid_for = [t for t in types if any(t in r for r in other)] or sorted({t for r in other for t in r})
+    paid_for = (runnable([t for t in types if any(t in r for r in other)])
+                or runnable(sorted({t for r in other for t in r})))
+    suggestion = f", e.g. gpu_types {json.dumps(paid_for)}" if paid_for else (
+        "; none of those types could run it (its size, regions or quotas)")
     detail = (
         f"Needs {format_credits(short.needed)} credits for GPU types {', '.join(types)}, only "
         f"{format_credits(short.available)} available for them; the org's other "
         f"{format_credits(sum(other.values()))} available credits are restricted to certain GPU types "
         f"({listed}) and cannot pay for this job: they hold only for jobs that run on types they pay "
-        f"for, e.g. gpu_types {json.dumps(paid_for)}."
+        f"for{suggestion}."
     )
     return InsufficientCredits(
         needed=short.needed, available=short.available, detail=detail,
@@ -199,21 +210,25 @@ def restricted_refusal(short: InsufficientCredits, types: list[str], spendable: 
     )
 
 
-def choose_hold_types(
+def hold_choices(
     *, snap: Catalog, types: list[str], gpu_count: int, regions: tuple[str, ...], org_id: int,
     project_id: int, seconds: int, at: datetime, spendable: dict[tuple[str, ...], int],
-) -> tuple[list[str], Quote] | None:
-    """The best subset of `types` (`restriction_cuts`) that the org's spendable credits can hold
-    for at its dearest runnable type's price, with that price; None when none can. A hold for a
-    subset draws only on buckets that pay for every type in it, and the job runs only on them."""
+) -> list[tuple[list[str], Quote]]:
+    """The holds a job accepting `types` may be given, best first, as submission and requeue both
+    choose them (docs/api.md): each subset of `types` (`restriction_cuts`: all of them first, then
+    those credits restricted to GPU types pay for, by preference) priced at its dearest type that
+    could run the job, that the org's `spendable` credits could pay for. A narrower subset only
+    when it could run the job. A hold for a subset draws only on buckets that pay for every type in
+    it, and the job runs only on them. The placement locks and re-checks (`spendable` is unlocked)."""
+    choices: list[tuple[list[str], Quote]] = []
     for cut in restriction_cuts(types, spendable):
-        if why_never_runs(snap, cut, gpu_count, regions, org_id, project_id) is not None:
+        if cut != types and why_never_runs(snap, cut, gpu_count, regions, org_id, project_id) is not None:
             continue
         priced = runnable_types(snap, cut, gpu_count, regions, org_id, project_id)
         quote = hold_quote(gpu_types=priced, gpu_count=gpu_count, seconds=seconds, at=at)
         if funds_for(spendable, cut) >= quote.amount:
-            return cut, quote
-    return None
+            choices.append((cut, quote))
+    return choices
 
 
 def price_tiers(types: list[str], at: datetime) -> list[list[str]]:
@@ -233,9 +248,10 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
     refuse that, at the next cheaper price level, and so on (review: a job accepted at A100's
     price, requeued once an H100 node had appeared in its region, was priced at H100's, refused,
     and waited `budget` for ever with A100 free). The scheduler tops a hold up before placing a
-    job on a dearer type, or runs it on the types the hold covers. When no level of all its types
-    can be funded, the subsets of its types that credits restricted to GPU types pay for are tried
-    (`restriction_cuts`): the hold then covers (and the job runs on) only that subset.
+    job on a dearer type, or runs it on the types the hold covers. The types held for are chosen
+    first as a submission chooses them (`hold_choices`: all its types, or when the credits for
+    those fall short, the best subset of them that credits restricted to GPU types pay for; the
+    hold then covers, and the job runs on, only that subset); only then the lower price levels.
 
     Lock order: the caller holds the job; budget periods (org, project, member) are locked and
     checked here before `place_hold` locks buckets. Raises BudgetExceeded or InsufficientCredits
@@ -247,24 +263,30 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
     now = db_now()
     types = eligible_gpu_types(job)
     snap, regions = catalog(), tuple(job.regions)
+    where = {"snap": snap, "gpu_count": job.gpu_count, "regions": regions, "org_id": job.org_id,
+             "project_id": job.project_id}
     spendable = spendable_by_gpu_types(org_id=job.org_id, project_id=job.project_id, now=now)
-    refusal: BudgetExceeded | InsufficientCredits | None = None
+    # First as the submission chooses (`hold_choices`), then the lower price levels of each subset.
+    attempts = [(cut, runnable_types(types=cut, **where)) for cut, _ in hold_choices(
+        types=types, seconds=hold_seconds(job), at=now, spendable=spendable, **where)]
     for cut in restriction_cuts(types, spendable):
-        # A narrower cut (credits restricted to some of its types) only when it could run the job.
-        if cut != types and why_never_runs(snap, cut, job.gpu_count, regions, job.org_id, job.project_id):
+        if cut != types and why_never_runs(types=cut, **where):
+            continue  # a narrower cut (credits restricted to some of its types) only when it could run
+        attempts += [(cut, tier) for tier in price_tiers(runnable_types(types=cut, **where), now)]
+    refusal: BudgetExceeded | InsufficientCredits | None = None
+    tried: set[tuple[tuple[str, ...], int]] = set()
+    for cut, tier in attempts:
+        amount = price_job_hold(job, tier, at=now)
+        if (tuple(cut), amount) in tried or (cut != types and funds_for(spendable, cut) < amount):
             continue
-        priced = runnable_types(snap, cut, job.gpu_count, regions, job.org_id, job.project_id)
-        for tier in price_tiers(priced, now):
-            amount = price_job_hold(job, tier, at=now)
-            if cut != types and funds_for(spendable, cut) < amount:
-                continue
-            try:
-                with transaction.atomic():  # a refused level leaves nothing behind
-                    return place_job_hold(job=job, key=key, types=cut, amount=amount, now=now), tier
-            except (BudgetExceeded, InsufficientCredits) as error:
-                if refusal is None or cut == types:
-                    refusal = error  # the full set's cheapest level's, as before
+        tried.add((tuple(cut), amount))
+        try:
+            with transaction.atomic():  # a refused level leaves nothing behind
+                return place_job_hold(job=job, key=key, types=cut, amount=amount, now=now), tier
+        except (BudgetExceeded, InsufficientCredits) as error:
+            if refusal is None or cut == types:
+                refusal = error  # the full set's cheapest level's, as before
     assert refusal is not None  # the full set is always tried
     if isinstance(refusal, InsufficientCredits):
-        raise restricted_refusal(refusal, types, spendable)
+        raise restricted_refusal(refusal, types, spendable, **where)
     raise refusal

@@ -3,6 +3,7 @@
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -17,20 +18,22 @@ from config import prepared
 from config.clock import db_now
 from config.errors import DomainError
 from ledger.errors import InsufficientCredits
+from ledger.models import Hold
 from ledger.services import CallerEvent
 from ledger.services.holds import funds_for, spendable_by_gpu_types
 from scheduling.core import reasons
 from scheduling.models import Dependency, Job, JobAttempt, JobState, PriorityClass, PriorityGrant
-from scheduling.pricing import Catalog, PriorityInfo, catalog_knowing, hold_quote
+from scheduling.pricing import Catalog, PriorityInfo, Quote, catalog_knowing, hold_quote
 from scheduling.services import dependencies
 from scheduling.services.holding import held_detail
 from scheduling.services.reservation import (
     check_can_ever_run,
-    choose_hold_types,
     eligible_types,
+    hold_choices,
     hold_seconds,
     place_job_hold,
     restricted_refusal,
+    restriction_cuts,
     run_estimate,
     runnable_types,
 )
@@ -192,6 +195,57 @@ def _schedule_soon() -> None:
         logger.warning("schedule_soon trigger failed", exc_info=True)
 
 
+_PLACEMENT_ROUNDS = 3  # subsets tried at most (each once) before a submission is refused
+
+
+def _place_submission_hold(
+    *, job: Job, types: list[str], hold_types: list[str], quote: Quote, full_quote: Quote, now: datetime,
+    spendable: dict[tuple[str, ...], int], where: dict[str, Any], event: CallerEvent,
+    on_inserted: Callable[[Job], None] | None,
+) -> Hold:
+    """Place the submission's hold for `hold_types` at `quote`, chosen from the unlocked read
+    `spendable` (`hold_choices`). A concurrent submission may spend the credits that read counted
+    on before this one locks them (review: refused 402 while A100-restricted credits could pay);
+    when the org has credits restricted to GPU types (another subset could pay), a refusal is then
+    not final: the credits are read again (the locks have moved on) and the best subset not tried
+    yet that they could pay for is tried, each at most once. Refused when none can: the 402 is
+    about all of the job's types (and names the restricted credits, `restricted_refusal`)."""
+    data = event.data
+    tried = {tuple(hold_types)}
+    refusal: InsufficientCredits | None = None
+    for _ in range(_PLACEMENT_ROUNDS):
+        if hold_types != types:  # held (and run) on these of its types only: the credits pay for no others
+            data["hold_gpu_types"] = hold_types
+        else:
+            data.pop("hold_gpu_types", None)
+        # Only another subset may pay when this one is refused: without one the refusal is final and
+        # needs no savepoint (a refusal fails the submission).
+        retry = len(restriction_cuts(types, spendable)) > 1
+        try:
+            with transaction.atomic() if retry else nullcontext():
+                return place_job_hold(job=job, key=f"job:{job.pk}:submit", types=hold_types,
+                                      amount=quote.amount, now=now, fresh=True, audit_as=event)
+        except InsufficientCredits as short:
+            if hold_types == types:
+                refusal = short
+            if not retry:
+                break
+        spendable = spendable_by_gpu_types(org_id=job.org_id, project_id=job.project_id, now=now)
+        untried = [(cut, priced) for cut, priced in hold_choices(
+            types=types, seconds=hold_seconds(job), at=now, spendable=spendable, **where,
+        ) if tuple(cut) not in tried]
+        if not untried:
+            break
+        (hold_types, quote), tried = untried[0], tried | {tuple(untried[0][0])}
+        job.estimate = run_estimate(job, quote.rate)  # the job row and the rendered body show it
+        Job.objects.filter(pk=job.pk).update(estimate=job.estimate)
+        if on_inserted is not None:
+            on_inserted(job)
+    if refusal is None:  # all its types were not tried under the locks: what the last read saw
+        refusal = InsufficientCredits(needed=full_quote.amount, available=funds_for(spendable, types))
+    raise restricted_refusal(refusal, types, spendable, **where)
+
+
 @transaction.atomic(savepoint=False)
 def submit_job(
     *,
@@ -244,17 +298,15 @@ def submit_job(
     quote = hold_quote(gpu_types=priced, gpu_count=spec.gpu_count, seconds=hold_seconds(job), at=now)
     # Credits restricted to some GPU types pay only for holds of jobs that run on those types: when
     # the credits for all of the job's types fall short, it is held (and runs) on the best subset
-    # of them its credits can pay for (one unlocked read; the placement locks and re-checks).
+    # of them its credits can pay for (`hold_choices`, as a requeue chooses; one unlocked read, the
+    # placement locks and re-checks).
+    where = {"snap": snap, "gpu_count": spec.gpu_count, "regions": spec.regions, "org_id": project.org_id,
+             "project_id": project.pk}
     spendable = spendable_by_gpu_types(org_id=project.org_id, project_id=project.pk, now=now)
-    hold_types, narrowed = types, False
-    if funds_for(spendable, types) < quote.amount:
-        choice = choose_hold_types(
-            snap=snap, types=types, gpu_count=spec.gpu_count, regions=spec.regions, org_id=project.org_id,
-            project_id=project.pk, seconds=hold_seconds(job), at=now, spendable=spendable,
-        )
-        if choice is not None and choice[0] != types:
-            (hold_types, quote), narrowed = choice, True
-    amount, job.estimate = quote.amount, run_estimate(job, quote.rate)
+    full_quote = quote
+    choices = hold_choices(types=types, seconds=hold_seconds(job), at=now, spendable=spendable, **where)
+    hold_types, quote = choices[0] if choices else (types, quote)  # none: the placement says how short
+    job.estimate = run_estimate(job, quote.rate)
     after = dependencies.check(user=user, project=project, spec=spec) if spec.depends_on else None
     if after is not None:
         job.dependency = spec.dependency
@@ -278,8 +330,6 @@ def submit_job(
     # transaction (id, key, buckets) too, so the money movement stays audited in this transaction.
     data: dict[str, Any] = {"project": project.pk, "idempotency_key": idempotency_key[:255],
                             "gpu_types": list(spec.gpu_types), "gpu_count": spec.gpu_count}
-    if narrowed:  # held (and run) on these of its types only: the credits pay for no others
-        data["hold_gpu_types"] = hold_types
     if spec.depends_on:
         data.update(depends_on=list(spec.depends_on), dependency=spec.dependency)
     if spec.held:
@@ -287,11 +337,10 @@ def submit_job(
     event = CallerEvent(
         action="sched.job.submit", subject_type="job", subject_id=job.pk, reason_code="submitted", data=data,
     )
-    try:
-        hold = place_job_hold(job=job, key=f"job:{job.pk}:submit", types=hold_types, amount=amount, now=now,
-                              fresh=True, audit_as=event)
-    except InsufficientCredits as short:
-        raise (short if narrowed else restricted_refusal(short, types, spendable)) from None
+    hold = _place_submission_hold(
+        job=job, types=types, hold_types=hold_types, quote=quote, full_quote=full_quote, now=now,
+        spendable=spendable, where=where, event=event, on_inserted=on_inserted,
+    )
     pointer = (_SET_POINTER, [hold.pk, job.pk])
     if deferred_writes is not None:
         deferred_writes.append(pointer)

@@ -248,3 +248,26 @@ def test_release_partial_many_matches_release_partial(org) -> None:
     from ledger.verification import verify_ledger
 
     assert verify_ledger() == []
+
+
+def test_an_extension_for_the_run_type_draws_on_credits_restricted_to_it_and_narrows_the_hold(
+    org, gpu_types
+) -> None:
+    """Review: a run placed on A100, held for A100 and H100, could not be extended from A100 credits."""
+    anywhere = fund(org, 10)
+    a100 = fund(org, 100, gpu_types=("A100",))
+    h100 = fund(org, 100, gpu_types=("H100",))
+    hold = place_hold(org=org, amount=8, key="h", gpu_types=["A100", "H100"])
+    extend_hold(hold=hold, amount=2, key="own", run_type="A100")  # its own buckets pay: not narrowed
+    hold.refresh_from_db()
+    assert hold.gpu_types == ["A100", "H100"] and _lines(hold) == {anywhere.pk: 10}
+    extend_hold(hold=hold, amount=5, key="more", run_type="A100")
+    hold.refresh_from_db()
+    assert hold.gpu_types == ["A100"] and _lines(hold) == {anywhere.pk: 10, a100.pk: 5}
+    event = AuditEvent.objects.filter(subject_type="ledger.hold", subject_id=str(hold.pk)).latest("id")
+    assert event.data["gpu_types"] == {"from": ["A100", "H100"], "to": ["A100"]}
+    extend_hold(hold=hold, amount=5, key="other", run_type="H100")  # not its type: ignored
+    hold.refresh_from_db()
+    h100.refresh_from_db()
+    assert hold.gpu_types == ["A100"] and _lines(hold) == {anywhere.pk: 10, a100.pk: 10} and h100.held == 0
+    assert_journal_consistent()
