@@ -45,7 +45,7 @@ class IssueCreditsForm(forms.Form):
         queryset=Project.objects.select_related("org").order_by("org__slug", "slug"), required=False,
         help_text="Leave empty for credits usable by every project of the organization.",
     )
-    source = forms.ChoiceField(choices=BucketSource.choices)
+    source = forms.ChoiceField(choices=[c for c in BucketSource.choices if c[0] != BucketSource.REFUND])
     kind = forms.ChoiceField(choices=BucketKind.choices)
     credits = PlainDecimalField(
         # The API's cap (the ledger's MAX_AMOUNT), in credits; issue_credits refuses more anyway.
@@ -108,3 +108,21 @@ class VoidForm(forms.Form):
         help_text="End their validity now: credits their running jobs give back later expire instead of "
         "becoming spendable again. Leave unticked to void only what is available now.",
     )
+
+
+class RefundForm(forms.Form):
+    """Credit (refund) a job: the amount in credits, the attempt (empty: the job), a mandatory
+    reason; `key` is made when the form is first shown, so submitting it twice refunds once."""
+
+    credits = PlainDecimalField(
+        min_value=Decimal("0.000001"), max_value=MAX_CREDITS, max_digits=18, decimal_places=6,
+        help_text="At most what the job (or the attempt) was charged, less what was refunded for it.",
+    )
+    attempt = forms.IntegerField(required=False, min_value=1,
+                                 help_text="An attempt's number; empty: the job.")
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    expires_at = forms.DateTimeField(required=False, help_text="Empty: the credits never expire.")
+    key = forms.CharField(widget=forms.HiddenInput, max_length=64)
+
+    def micro_credits(self) -> int:
+        return int(self.cleaned_data["credits"] * MICRO)

@@ -46,6 +46,7 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
     if statement is not None:
         in_progress = statement["month"] == this_month  # ends now; a past month ends at its end (QA)
         rows = [("Opening balance", statement["opening"]["total"]), ("Issued", statement["issued"]),
+                ("Refunded", statement["refunded"]),
                 ("Consumed", -statement["consumed"]), ("Expired", -statement["expired"]),
                 ("Voided", -statement["voided"]), ("Closing balance", statement["closing"]["total"])]
         rows = [(label, format_credits(amount)) for label, amount in rows]
@@ -55,6 +56,8 @@ def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpR
             line["bar"] = line["amount"] * 100 // largest if largest else 0  # % of the largest line
         for issue in statement["issues"]:
             issue["credits"] = format_credits(issue["amount"])
+        for refund in statement["refunds"]:
+            refund["credits"] = format_credits(refund["amount"])
     context = {**admin_context, "title": "Statement", "form": form, "statement": statement, "rows": rows,
                "in_progress": in_progress, "query": request.GET.urlencode()}
     return TemplateResponse(request, "admin/ledger/bucket/statement.html", context)

@@ -93,3 +93,20 @@ class IdempotencyConflict(LedgerError):
     type = "idempotency-conflict"
     status = 422
     title = "Idempotency key reused with different parameters"
+
+
+class RefundExceedsCharges(LedgerError):
+    """A refund larger than what the job (or attempt) was charged, less what was refunded for it."""
+
+    type = "refund-exceeds-charges"
+    status = 409
+    title = "Refund exceeds what was charged"
+
+    def __init__(self, requested: int, refundable: int, *, charged: int, refunded: int, what: str) -> None:
+        super().__init__(
+            f"Requested {format_credits(requested)} credits; {what} was charged {format_credits(charged)}, "
+            f"{format_credits(refunded)} refunded already, so at most {format_credits(refundable)} can be.",
+            requested=requested, refundable=refundable, charged=charged, refunded=refunded,
+        )
+        self.requested = requested
+        self.refundable = refundable

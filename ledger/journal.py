@@ -2,7 +2,7 @@
 
 The bucket columns are a cache; this is the truth. Per bucket, the postings on its two accounts
 grouped by transaction kind give every column back:
-granted = +available in issue; voided = -available in void; spent = -held in capture;
+granted = +available in issue and refund; voided = -available in void; spent = -held in capture;
 expired = -available in expire, plus whatever a release took off `held` without putting it
 back on `available` (the part released after the bucket's expiry).
 """
@@ -45,7 +45,7 @@ def _columns(parts: dict[tuple[str, str], int]) -> dict[str, int]:
     K = TransactionKind
     released_off_held = -get(K.RELEASE, held)
     return {
-        "granted": get(K.ISSUE, avail),
+        "granted": get(K.ISSUE, avail) + get(K.REFUND, avail),
         "available": sum(v for (_, acc), v in parts.items() if acc == avail),
         "held": sum(v for (_, acc), v in parts.items() if acc == held),
         "spent": -get(K.CAPTURE, held),

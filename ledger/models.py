@@ -22,6 +22,9 @@ class BucketSource(models.TextChoices):
     PURCHASE = "purchase"
     GRANT = "grant"
     PROMOTION = "promotion"
+    # Credits given back for what a job was charged (`scheduling.services.refunds.refund_job`);
+    # never issued through `issue_credits`.
+    REFUND = "refund"
 
 
 class Bucket(models.Model):
@@ -98,6 +101,7 @@ class TransactionKind(models.TextChoices):
     CAPTURE = "capture"
     RELEASE = "release"
     EXPIRE = "expire"
+    REFUND = "refund"  # refund -> bucket.available: credits given back for a job's charges
 
 
 class LedgerTransaction(models.Model):
@@ -137,6 +141,7 @@ class Account(models.TextChoices):
     CONSUMPTION = "consumption"
     EXPIRY = "expiry"
     VOID = "void"
+    REFUND = "refund"  # what finance gave back for jobs' charges (a contra account of consumption)
 
 
 BUCKET_ACCOUNTS = (Account.BUCKET_AVAILABLE, Account.BUCKET_HELD)

@@ -1,8 +1,9 @@
 """An organization's statement for one calendar month (UTC), from the journal alone.
 
 Opening and closing balance (what its buckets hold: available + held) and, in between, what was
-issued, consumed, expired and voided, read from the postings of the system accounts. Double entry
-makes it add up: closing = opening + issued - consumed - expired - voided, whatever happened. Each
+issued, refunded (credits given back for jobs' charges), consumed, expired and voided, read from the
+postings of the system accounts. Double entry makes it add up:
+closing = opening + issued + refunded - consumed - expired - voided, whatever happened. Each
 consumption line is one project and GPU type: the captures of the month on holds of that project,
 their GPU type and GPU-hours read from the job attempt each hold paid for (its rate is fixed for the
 run, so GPU-hours = amount / rate). Captures on holds of no attempt have no GPU type.
@@ -56,6 +57,17 @@ class Issue:
     amount: int
 
 
+@dataclass(frozen=True, slots=True)
+class Refund:
+    at: datetime
+    bucket_id: int
+    reference: str
+    job_id: int | None
+    attempt: int | None  # the attempt's number, None for a refund of the whole job
+    amount: int
+    reason: str
+
+
 @dataclass(slots=True)
 class Statement:
     org_id: int
@@ -68,8 +80,10 @@ class Statement:
     consumed: int = 0
     expired: int = 0
     voided: int = 0
+    refunded: int = 0
     consumption: list[ConsumptionLine] = field(default_factory=list)
     issues: list[Issue] = field(default_factory=list)
+    refunds: list[Refund] = field(default_factory=list)
     final: bool = False  # the month has ended and nothing more can be dated in it: see _settled
 
 
@@ -186,6 +200,7 @@ def _statement(*, org: Organization, month: str) -> Statement:
     statement.consumed = int(system.get(Account.CONSUMPTION, 0))
     statement.expired = int(system.get(Account.EXPIRY, 0))
     statement.voided = int(system.get(Account.VOID, 0))
+    statement.refunded = -int(system.get(Account.REFUND, 0))
     statement.consumption = _consumption(org.pk, in_month)
     issued = Posting.objects.filter(
         org_id=org.pk, account=Account.BUCKET_AVAILABLE, transaction__kind=TransactionKind.ISSUE,
@@ -196,5 +211,16 @@ def _statement(*, org: Organization, month: str) -> Statement:
         Issue(at, bucket_id, buckets[bucket_id].reference, buckets[bucket_id].kind, buckets[bucket_id].source,
               int(amount))
         for at, bucket_id, amount in issued
+    ]
+    refunds = (
+        LedgerTransaction.objects.filter(in_month, org_id=org.pk, kind=TransactionKind.REFUND)
+        .values_list("created_at", "params", "amount", "memo").order_by("created_at", "pk")
+    )
+    references = dict(Bucket.objects.filter(pk__in=[p.get("bucket") for _, p, _, _ in refunds])
+                      .values_list("pk", "reference"))
+    statement.refunds = [
+        Refund(at, params.get("bucket"), references.get(params.get("bucket"), ""), params.get("job"),
+               params.get("attempt"), int(amount), memo)
+        for at, params, amount, memo in refunds
     ]
     return statement

@@ -4,6 +4,7 @@ jobs, attempts, allocations and scheduler passes. Writes that matter go through 
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -11,18 +12,22 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from config.errors import DomainError
 from config.history_admin import ViewOnlyHistoryAdmin
 from config.readonly_admin import ReadOnlyAdminMixin
+from ledger.errors import InvalidExpiry
+from ledger.money import format_credits
 from scheduling.models import (
     Allocation,
     GpuPrice,
     GpuType,
     Job,
     JobAttempt,
+    JobRefund,
     JobState,
     Node,
     NodeCordon,
@@ -352,8 +357,62 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ("org", "project__org", "priority_class")
     readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before", "funding_retry_at")
     inlines = (AttemptInline,)
-    actions = ("cancel", "hold", "release")
+    actions = ("cancel", "hold", "release", "refund")
     date_hierarchy = "submitted_at"
+
+    # Finance reaches the job list to credit a job (`scheduling.refund_job`), without being able to
+    # cancel, hold or release jobs: those actions need the operators' own view permission.
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or self.has_refund_permission(request)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return super().has_view_permission(request)
+
+    def has_refund_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("scheduling.refund_job")
+
+    @admin.action(description="Credit (refund) the selected job's charges", permissions=["refund"])
+    def refund(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        from ledger.admin_forms import RefundForm
+        from scheduling.selectors import job_charged, job_refunded
+        from scheduling.services.refunds import refund_job
+
+        jobs = list(queryset.order_by("pk")[:2])
+        if len(jobs) != 1:
+            messages.error(request, "Select one job to credit.")
+            return None
+        job = jobs[0]
+        applying = "apply" in request.POST
+        form = RefundForm(request.POST if applying else None, initial={"key": uuid.uuid4().hex})
+        if applying and form.is_valid():
+            data = form.cleaned_data
+            try:
+                refund = refund_job(job_id=job.pk, amount=form.micro_credits(), reason=data["reason"],
+                                    key=f"admin:{data['key']}", attempt_number=data["attempt"],
+                                    expires_at=data["expires_at"], actor=request.user)
+            except DomainError as error:
+                field = {"attempt": "attempt", "expires_at": "expires_at"}.get(error.extra.get("field"))
+                if isinstance(error, InvalidExpiry):
+                    field = "expires_at"
+                form.add_error(field if field else "credits", error.detail)
+            else:
+                again = " (already done: nothing new)" if refund.replayed else ""
+                messages.success(request, f"Refunded {format_credits(refund.amount)} credits of job {job.pk} "
+                                 f"into bucket {refund.bucket_id}{again}.")
+                return None
+        charged, refunded = job_charged(job.pk), job_refunded(job.pk)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Credit (refund) job {job.pk}",
+            "form": form,
+            "job": job,
+            "charged": format_credits(charged),
+            "refunded": format_credits(refunded),
+            "refundable": format_credits(charged - refunded),
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/scheduling/job/refund.html", context)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Job], change: Any, done: str) -> None:
         ok = 0
@@ -368,7 +427,7 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if ok:
             messages.success(request, f"{ok} job{'s' if ok > 1 else ''} {done}.")
 
-    @admin.action(description="Cancel the selected jobs")
+    @admin.action(description="Cancel the selected jobs", permissions=["operate"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.lifecycle import cancel_job
 
@@ -378,13 +437,14 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         done = "cancelled (a running one stops first)"
         self._each(request, queryset.exclude(pk__in=ended), cancel_job, done)
 
-    @admin.action(description="Hold the selected queued jobs (until an operator releases them)")
+    @admin.action(description="Hold the selected queued jobs (until an operator releases them)",
+                  permissions=["operate"])
     def hold(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import hold_job
 
         self._each(request, queryset, partial(hold_job, operator=True), "held")
 
-    @admin.action(description="Release the selected held jobs")
+    @admin.action(description="Release the selected held jobs", permissions=["operate"])
     def release(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         from scheduling.services.holding import release_job
 
@@ -393,6 +453,16 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             messages.warning(request, f"Job {job_id} is not held; nothing to release.")
         release = partial(release_job, operator=True)
         self._each(request, queryset.exclude(pk__in=not_held), release, "released")
+
+
+@admin.register(JobRefund)
+class JobRefundAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Refunds are written by the Job list's "Credit (refund)" action (or the API) only."""
+
+    list_display = ("id", "job", "attempt", "org_id", "amount", "bucket", "reason", "created_by",
+                    "created_at")
+    search_fields = ("reason", "key")
+    list_select_related = ("job", "attempt", "bucket", "created_by")
 
 
 @admin.register(JobAttempt)

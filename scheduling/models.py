@@ -463,3 +463,33 @@ class SchedulerPass(models.Model):
 
     def __str__(self) -> str:
         return f"pass {self.pk} at {self.started_at:%H:%M:%S}"
+
+
+class JobRefund(models.Model):
+    """Credits finance gave back for what a job (or one of its attempts) was charged.
+
+    Written only by `scheduling.services.refunds.refund_job`, with the job row locked, so a job's
+    refunds never add up to more than its captures. The credits are the new bucket (source
+    `refund`, reference `refund:job:<id>:<key>`); the journal's `refund` transaction moves them."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="refunds")
+    attempt = models.ForeignKey(JobAttempt, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="refunds")
+    org_id = models.BigIntegerField(db_index=True)
+    bucket = models.OneToOneField("ledger.Bucket", on_delete=models.PROTECT, related_name="refund")
+    amount = models.BigIntegerField()
+    reason = models.TextField()
+    key = models.CharField(max_length=255)  # the caller's idempotency key, unique per job
+    created_at = models.DateTimeField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "key"], name="job_refund_key_unique"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="job_refund_amount_positive"),
+        ]
+        permissions = [("refund_job", "Can credit (refund) what a job was charged")]
+
+    def __str__(self) -> str:
+        return f"refund {self.pk} of job {self.job_id} ({self.amount})"

@@ -25,13 +25,14 @@ from datetime import datetime
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db.models import Sum
 
 from config.clock import db_now
 from config.errors import DomainError
 from scheduling import core
 from scheduling.adapter.snapshot import load_snapshot
 from scheduling.core import reasons
-from scheduling.models import Job, JobState
+from scheduling.models import Job, JobAttempt, JobRefund, JobState
 
 CURRENT_KEY = "scheduling:queue-view:current"  # (version, computed_at, queue length, fresh until)
 REFRESH_KEY = "scheduling:queue-view:refreshing"  # held by the one caller ordering the queue again
@@ -138,3 +139,22 @@ def job_standing(job: Job) -> JobStanding:
         )
     found = standings_of([job])
     return JobStanding(job, found.computed_at, found.queue_length, found.by_job[job.pk])
+
+
+def job_charged(job_id: int, *, attempt_number: int | None = None) -> int:
+    """What a job (or one of its attempts) was charged: the captures on its attempts' holds."""
+    from ledger.models import Hold
+
+    attempts = JobAttempt.objects.filter(job_id=job_id)
+    if attempt_number is not None:
+        attempts = attempts.filter(number=attempt_number)
+    total = Hold.objects.filter(pk__in=attempts.values("hold_id")).aggregate(total=Sum("captured"))["total"]
+    return int(total or 0)
+
+
+def job_refunded(job_id: int, *, attempt_number: int | None = None) -> int:
+    """What finance refunded for a job (all its refunds), or for one attempt (those naming it)."""
+    refunds = JobRefund.objects.filter(job_id=job_id)
+    if attempt_number is not None:
+        refunds = refunds.filter(attempt__number=attempt_number)
+    return int(refunds.aggregate(total=Sum("amount"))["total"] or 0)

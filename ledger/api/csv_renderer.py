@@ -42,10 +42,13 @@ class StatementCsvRenderer(BaseRenderer):
             writer.writerow((f"opening {part}", "", "", "", data["opening"][part], "", data["starts_at"]))
         for issue in data["issues"]:
             writer.writerow(("issued", "", "", cell(issue["reference"]), issue["amount"], "", issue["at"]))
+        for refund in data.get("refunds", []):  # reference names the job: refund:job:<id>:<key>
+            writer.writerow(("refunded", "", "", cell(refund["reference"]), refund["amount"], "",
+                             refund["at"]))
         for line in data["consumption"]:
             writer.writerow(("consumed", cell(line["project_slug"]), cell(line["gpu_type"]), "",
                              line["amount"], line["gpu_hours"], ""))
-        for name in ("issued", "consumed", "expired", "voided"):
+        for name in ("issued", "refunded", "consumed", "expired", "voided"):
             writer.writerow((f"total {name}", "", "", "", data[name], "", ""))
         writer.writerow(("closing balance", "", "", "", data["closing"]["total"], "", data["ends_at"]))
         for part in ("available", "held"):

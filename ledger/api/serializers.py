@@ -137,10 +137,14 @@ class TransactionQuerySerializer(StrictQuerySerializer):
         return attrs
 
 
+ISSUABLE_SOURCES = [(value, label) for value, label in BucketSource.choices if value != BucketSource.REFUND]
+
+
 class CreditIssueSerializer(StrictSerializer):
     amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT, help_text="Micro-credits.")
     kind = serializers.ChoiceField(choices=BucketKind.choices)
-    source = serializers.ChoiceField(choices=BucketSource.choices)
+    source = serializers.ChoiceField(choices=ISSUABLE_SOURCES, help_text="A refund is issued by crediting "
+                                     "a job (POST /jobs/{id}/refund).")
     reference = StrictCharField(min_length=1, max_length=128,
                                 help_text="Finance reference (invoice, grant id); unique per org.")
     reason = StrictCharField(min_length=1, max_length=2000)
@@ -204,6 +208,17 @@ class StatementIssueSerializer(serializers.Serializer):
     amount = serializers.IntegerField()
 
 
+class StatementRefundSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    bucket = serializers.IntegerField(source="bucket_id", help_text="The bucket the credits went back to.")
+    reference = serializers.CharField()
+    job = serializers.IntegerField(source="job_id", allow_null=True)
+    attempt = serializers.IntegerField(allow_null=True,
+                                       help_text="The attempt's number; null: the whole job.")
+    amount = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
 class StatementSerializer(serializers.Serializer):
     org = serializers.IntegerField(source="org_id")
     month = serializers.CharField()
@@ -214,9 +229,13 @@ class StatementSerializer(serializers.Serializer):
     consumed = serializers.IntegerField()
     expired = serializers.IntegerField()
     voided = serializers.IntegerField()
-    closing = StatementBalanceSerializer(help_text="= opening + issued - consumed - expired - voided")
+    refunded = serializers.IntegerField(help_text="Credits given back for jobs' charges (refunds), apart "
+                                        "from `issued`.")
+    closing = StatementBalanceSerializer(
+        help_text="= opening + issued + refunded - consumed - expired - voided")
     consumption = ConsumptionLineSerializer(many=True)
     issues = StatementIssueSerializer(many=True)
+    refunds = StatementRefundSerializer(many=True)
     final = serializers.BooleanField(help_text=(
         "The month has ended and no transaction dated in it can still commit: the figures will not "
         "change. False for the month in progress and for a few seconds after a month ends."))

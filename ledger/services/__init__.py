@@ -8,7 +8,7 @@ journal transaction plus its audit event, and is retried on 40001/40P01 when it 
 from ledger.services._journal import CallerEvent
 from ledger.services.expiry import expire_due_buckets
 from ledger.services.holds import extend_hold, place_hold
-from ledger.services.issuance import issue_credits, void_credits
+from ledger.services.issuance import issue_credits, issue_refund, void_credits
 from ledger.services.settlement import (
     capture,
     release_hold,
@@ -23,6 +23,7 @@ __all__ = [
     "expire_due_buckets",
     "extend_hold",
     "issue_credits",
+    "issue_refund",
     "place_hold",
     "release_hold",
     "release_partial",

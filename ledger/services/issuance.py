@@ -103,6 +103,9 @@ def issue_credits(
         raise InvalidParameter(f"Unknown credit kind {kind!r}.", field="kind")
     if source not in BucketSource.values:
         raise InvalidParameter(f"Unknown credit source {source!r}.", field="source")
+    if source == BucketSource.REFUND:
+        # A refund is tied to the job it pays back and capped by its charges: `refund_job` only.
+        raise InvalidParameter("Refunds are issued by crediting a job, not as a grant.", field="source")
     if not reference or len(reference) > 128:
         raise InvalidParameter("A finance reference (1-128 characters) is required.", field="reference")
     if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in reference):
@@ -160,6 +163,54 @@ def issue_credits(
     )
     funds_changed.send(sender=Bucket, org_id=org.pk)
     return wanted
+
+
+@transaction.atomic
+def issue_refund(
+    *,
+    org: Organization,
+    amount: int,
+    reference: str,
+    reason: str,
+    params: dict[str, Any],
+    expires_at: datetime | None = None,
+    actor: Any = None,
+) -> Bucket:
+    """Give `amount` back to the org as a new paid bucket (source `refund`), funded from the
+    `refund` system account: refund -a, bucket.available +a (docs/ledger.md, "Refunds").
+
+    For `scheduling.services.refunds.refund_job`, which locks the job, checks the amount against
+    its charges and keeps the record that links the bucket to the job; `params` (job, attempt,
+    amount) are the journal transaction's and the audit event's. Not idempotent by itself: the
+    caller's record is (its bucket's `reference` is unique per org, the last line)."""
+    check_amount(amount)
+    if amount > MAX_AMOUNT:
+        raise InvalidAmount(f"At most {MAX_AMOUNT} micro-credits per refund, got {amount}.",
+                            maximum=MAX_AMOUNT)
+    if not reason or not reason.strip():
+        raise InvalidParameter("A reason is required.", field="reason")
+    now = ledger_now()
+    if expires_at is not None and expires_at <= now:
+        raise InvalidExpiry("The expiry is in the past.", expires_at=expires_at.isoformat())
+    bucket = Bucket(
+        org_id=org.pk, project_id=None, kind=BucketKind.PAID, source=BucketSource.REFUND, gpu_types=[],
+        effective_at=now, expires_at=expires_at, granted=amount, available=amount, reference=reference,
+        reason=reason, created_by=actor if actor is not None and not isinstance(actor, str) else None,
+    )
+    bucket.save(force_insert=True)
+    txn = post_transaction(
+        org_id=org.pk,
+        kind=TransactionKind.REFUND,
+        key=f"refund:{reference}",
+        legs=[(Account.REFUND, None, -amount), (AVAILABLE, bucket.pk, amount)],
+        now=now,
+        params={**params, "amount": amount, "bucket": bucket.pk},
+        memo=reason,
+    )
+    audit(txn=txn, subject_type="ledger.bucket", subject_id=bucket.pk, actor=actor, reason=reason,
+          reason_code="refund", data={**params, "bucket": bucket.pk, "reference": reference})
+    funds_changed.send(sender=Bucket, org_id=org.pk)
+    return bucket
 
 
 @retry_on_conflict()

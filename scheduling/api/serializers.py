@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api.serializers import (
+    MAX_AMOUNT,
     AwareDateTimeField,
     StrictBooleanField,
     StrictCharField,
@@ -155,10 +156,45 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     attempts = AttemptSerializer(many=True, read_only=True)
+    refunded = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "attempts"]
+        fields = [*JobSerializer.Meta.fields, "refunded", "attempts"]
         read_only_fields = fields
+
+    def get_refunded(self, job: Job) -> int:
+        """Micro-credits finance refunded for this job's charges (POST /jobs/{id}/refund); its
+        attempts' `charged` less this is what the job cost the org."""
+        total = getattr(job, "refunded_total", None)  # annotated by the views (`with_refunded`)
+        if total is None:
+            total = sum(job.refunds.values_list("amount", flat=True))
+        return int(total)
+
+
+class JobRefundSerializer(StrictSerializer):
+    amount = StrictIntegerField(min_value=1, max_value=MAX_AMOUNT, help_text="Micro-credits, at most what "
+                                "the job (or the attempt) was charged less what was refunded for it.")
+    reason = StrictCharField(min_length=1, max_length=2000)
+    attempt = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=2**31,
+                                 help_text="Refund one attempt's charges (its number); absent: the job's.")
+    expires_at = AwareDateTimeField(required=False, allow_null=True,
+                                    help_text="With its UTC offset, in the future; absent: never expires.")
+
+
+class JobRefundResultSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    job = serializers.IntegerField(source="job_id")
+    attempt = serializers.SerializerMethodField()
+    amount = serializers.IntegerField()
+    reason = serializers.CharField()
+    bucket = serializers.IntegerField(source="bucket_id", help_text="The new bucket (source `refund`).")
+    reference = serializers.CharField(source="bucket.reference")
+    created_at = serializers.DateTimeField()
+    job_charged = serializers.IntegerField(help_text="What the job was charged (its attempts' captures).")
+    job_refunded = serializers.IntegerField(help_text="Refunded for the job so far, this refund included.")
+
+    def get_attempt(self, refund: Any) -> int | None:
+        return refund.attempt.number if refund.attempt_id else None
 
 
 WAIT_REASON_PATTERN = (
@@ -267,7 +303,8 @@ def render_new_job(job: Job) -> dict[str, Any]:
         "hold": None,
         "attempt_count": int(job.attempt_count), "max_retries": int(job.max_retries),
         "submitted_at": _when(job.submitted_at),
-        "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "attempts": [],
+        "updated_at": _when(job.updated_at), "finished_at": _when(job.finished_at), "refunded": 0,
+        "attempts": [],
     }
 
 

@@ -4,7 +4,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.http import Http404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -19,6 +20,7 @@ from accounts.selectors import (
     is_finance,
     job_write_refusal,
     org_role,
+    require_finance,
     require_org_reader,
     visible_projects,
 )
@@ -33,6 +35,8 @@ from scheduling.api.serializers import (
     JobDetailSerializer,
     JobListQuerySerializer,
     JobPrioritySerializer,
+    JobRefundResultSerializer,
+    JobRefundSerializer,
     JobSerializer,
     JobSubmitSerializer,
     OrgFairShareSerializer,
@@ -45,10 +49,11 @@ from scheduling.api.serializers import (
 from scheduling.class_report import priority_classes_for
 from scheduling.fairshare_report import org_fair_share
 from scheduling.fleet_report import gpu_types, org_quotas
-from scheduling.models import Job, JobAttempt
-from scheduling.selectors import job_standing
+from scheduling.models import Job, JobAttempt, JobRefund
+from scheduling.selectors import job_charged, job_refunded, job_standing
 from scheduling.services.holding import hold_job, release_job
 from scheduling.services.lifecycle import cancel_job
+from scheduling.services.refunds import refund_job
 from scheduling.services.submission import JobSpec, submit_job
 from scheduling.services.submission_sql import enabled as submission_in_sql
 from scheduling.services.submission_sql import submit_job_in_sql
@@ -64,6 +69,13 @@ ATTEMPT_DETAIL = (
     Prefetch("attempts", queryset=JobAttempt.objects.select_related("gpu_type", "hold")
              .prefetch_related("allocations__node").order_by("number")),
 )
+
+
+def with_refunded(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """The detail's `refunded`, in the job's own query (no query more per detail)."""
+    total = JobRefund.objects.filter(job_id=OuterRef("pk")).order_by().values("job_id").annotate(
+        total=Sum("amount")).values("total")
+    return jobs.annotate(refunded_total=Coalesce(Subquery(total), 0))
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:
@@ -187,7 +199,8 @@ class JobDetailView(GenericAPIView):
     @extend_schema(operation_id="jobs_retrieve", responses=JobDetailSerializer)
     def get(self, request: Request, job_id: int) -> Response:
         no_query(request)
-        job = visible_jobs(request.user).prefetch_related(*ATTEMPT_DETAIL).filter(pk=job_id).first()
+        jobs = with_refunded(visible_jobs(request.user)).prefetch_related(*ATTEMPT_DETAIL)
+        job = jobs.filter(pk=job_id).first()
         if job is None:
             raise Http404("No such job.")
         return Response(JobDetailSerializer(job).data)
@@ -301,7 +314,7 @@ class _JobActionView(GenericAPIView):
 
         def effect() -> tuple[int, Any]:
             self.change(job=job, actor=request.user)
-            fresh = visible_jobs(request.user).prefetch_related(*ATTEMPT_DETAIL).get(pk=job.pk)
+            fresh = with_refunded(visible_jobs(request.user)).prefetch_related(*ATTEMPT_DETAIL).get(pk=job.pk)
             return 200, JobDetailSerializer(fresh).data
 
         return run_idempotent(request, effect)
@@ -336,3 +349,34 @@ class JobHoldView(_JobActionView):
 class JobReleaseView(_JobActionView):
     verb = "release"
     change = staticmethod(release_job)
+
+
+class JobRefundView(GenericAPIView):
+    serializer_class = JobRefundResultSerializer
+    rate_limit_scope = "finance"
+
+    @extend_schema(
+        operation_id="jobs_refund", request=JobRefundSerializer,
+        responses={201: JobRefundResultSerializer, 200: JobRefundResultSerializer},
+        description="Finance only: credit (refund) up to what the job, or one of its attempts, was "
+        "charged (its captures) less what was refunded for it, as new paid credits of the org (a bucket "
+        "of source `refund`, reference `refund:job:<id>:<Idempotency-Key>`). 409 "
+        "`refund-exceeds-charges` past that; the same key again answers 200 with the same refund.",
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        key = key_of(request)
+        require_finance(request.user)
+        job = get_visible_job(request.user, job_id)
+        body = JobRefundSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+
+        def effect() -> tuple[int, Any]:
+            refund = refund_job(job_id=job.pk, amount=data["amount"], reason=data["reason"], key=key,
+                                attempt_number=data.get("attempt"), expires_at=data.get("expires_at"),
+                                actor=request.user)
+            refund.job_charged = job_charged(job.pk)
+            refund.job_refunded = job_refunded(job.pk)
+            return (200 if refund.replayed else 201), JobRefundResultSerializer(refund).data
+
+        return run_idempotent(request, effect)
