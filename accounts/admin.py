@@ -49,6 +49,14 @@ class MembershipForm(forms.ModelForm):
         model = Membership
         fields = ("project", "user", "role", "fair_share_weight")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Offer the project roles only (QA: owner and admin were offered, then refused), plus the
+        # row's own role from before, so it still shows and saves unchanged.
+        current = self.instance.role if self.instance.pk else None
+        self.fields["role"].choices = [(value, label) for value, label in self.fields["role"].choices
+                                       if value in ProjectRole.values or value == current]
+
     def clean_role(self) -> str:
         role = self.cleaned_data["role"]
         if role not in ProjectRole.values and (self.instance.pk is None or "role" in self.changed_data):

@@ -91,6 +91,10 @@ class VoidForm(forms.Form):
         data = super().clean()
         if data.get("credits") is not None and self.buckets != 1:
             self.add_error("credits", "Select one bucket to void a part of it.")
+        if data.get("credits") is not None and data.get("close"):
+            # QA: the rest of the bucket expired at once, silently, with "close" left ticked.
+            self.add_error("close", "A part is voided from a bucket that stays open: closing it would let "
+                           "the rest expire now. Untick it, or leave the amount empty to void everything.")
         return data
 
     def micro_credits(self) -> int | None:

@@ -39,6 +39,8 @@ SPECTACULAR_SETTINGS = {
         "HoldStateEnum": "ledger.models.HoldState",
         "TransactionKindEnum": "ledger.models.TransactionKind",
         "BucketKindEnum": "ledger.models.BucketKind",
+        "BucketSourceEnum": "ledger.models.BucketSource",  # a bucket's source (refund included)
+        "IssuableSourceEnum": "ledger.api.serializers.ISSUABLE_SOURCES",  # what finance may issue
     },
 }
 

@@ -155,7 +155,15 @@ def _hold_funds(
     except InsufficientCredits:
         if not wider or len(own) == len(buckets):
             raise
-        plan = _allocate(buckets, amount)
+        # The hold's own buckets first, all they have; only the rest from credits restricted to
+        # `run_type` (review: the whole amount was re-allocated in spend order, so a restricted
+        # bucket spent first paid while the hold's own credits stayed unused).
+        own_ids = {b.pk for b in own}
+        plan = [(b, b.available) for b in sorted(own, key=spend_order_key) if b.available > 0]
+        try:
+            plan += _allocate([b for b in buckets if b.pk not in own_ids], amount - sum(t for _, t in plan))
+        except InsufficientCredits:
+            raise InsufficientCredits(needed=amount, available=sum(b.available for b in buckets)) from None
         # Its lines now draw on credits restricted to `run_type`: the hold may pay for that type only.
         Hold.objects.filter(pk=hold.pk).update(gpu_types=[run_type])
         hold.gpu_types = [run_type]
@@ -309,7 +317,9 @@ def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None, run_typ
     check_amount(amount)
     locked, clock = lock_hold_with_clock(hold.pk)
     txn_key = f"extend:{locked.pk}:{key}"
-    params = {"amount": amount}
+    params: dict[str, Any] = {"amount": amount}
+    if run_type is not None:  # a replay for another type is another request (review)
+        params["run_type"] = run_type
     if replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.EXTEND, params=params):
         return locked
     if locked.state != HoldState.ACTIVE:

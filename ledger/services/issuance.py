@@ -71,6 +71,9 @@ def _same_grant(bucket: Bucket, wanted: Bucket, effective_given: bool) -> Bucket
     return bucket
 
 
+REFUND_REFERENCE_PREFIX = "refund:"
+
+
 @retry_on_conflict()
 @transaction.atomic
 def issue_credits(
@@ -108,6 +111,9 @@ def issue_credits(
         raise InvalidParameter("Refunds are issued by crediting a job, not as a grant.", field="source")
     if not reference or len(reference) > 128:
         raise InvalidParameter("A finance reference (1-128 characters) is required.", field="reference")
+    if reference.startswith(REFUND_REFERENCE_PREFIX):  # review: a refund then hit it (500)
+        raise InvalidParameter(f"References starting with {REFUND_REFERENCE_PREFIX!r} are kept for refunds "
+                               "of jobs.", field="reference")
     if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in reference):
         # QA: a newline or tab in an invoice reference was accepted (statements and exports show it).
         raise InvalidParameter("A finance reference must not contain line breaks or control characters.",
@@ -197,7 +203,12 @@ def issue_refund(
         effective_at=now, expires_at=expires_at, granted=amount, available=amount, reference=reference,
         reason=reason, created_by=actor if actor is not None and not isinstance(actor, str) else None,
     )
-    bucket.save(force_insert=True)
+    try:
+        with transaction.atomic():
+            bucket.save(force_insert=True)
+    except IntegrityError:  # the reference is taken (a bucket issued before the prefix was kept)
+        raise IdempotencyConflict(f"Reference {reference!r} is already used by another bucket of the org.",
+                                  reference=reference) from None
     txn = post_transaction(
         org_id=org.pk,
         kind=TransactionKind.REFUND,

@@ -3,10 +3,26 @@
 from django.db import migrations, models
 
 
+def seed_part_reports(apps, schema_editor):
+    """Gangs running at deploy: each of their nodes counts as having reported its part when the
+    attempt was last reported (review: with no entry the left-out sweep fell back to the part's
+    start and ended every gang running over 5 minutes `lost`)."""
+    AttemptUsage = apps.get_model("metering", "AttemptUsage")
+    Allocation = apps.get_model("scheduling", "Allocation")
+    live = AttemptUsage.objects.filter(settled_at__isnull=True, last_heartbeat_at__isnull=False,
+                                       attempt__node_count__gt=1)
+    for usage in live:
+        nodes = set(Allocation.objects.filter(attempt_id=usage.attempt_id, released_at__isnull=True)
+                    .values_list("node_id", flat=True))
+        usage.part_reports = {str(node): usage.last_heartbeat_at.isoformat() for node in sorted(nodes)}
+        usage.save(update_fields=["part_reports"])
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
         ('metering', '0003_usage_hot_updates'),
+        ('scheduling', '0028_gang_parts'),
     ]
 
     operations = [
@@ -15,4 +31,5 @@ class Migration(migrations.Migration):
             name='part_reports',
             field=models.JSONField(blank=True, null=True),
         ),
+        migrations.RunPython(seed_part_reports, migrations.RunPython.noop),
     ]

@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce, TruncHour
 from accounts.models import Membership, Organization, Project
 from ledger.models import HoldState
 from scheduling import core
-from scheduling.grants import class_not_granted
+from scheduling.grants import class_not_granted, not_granted_detail
 from scheduling.models import (
     RAN_SINCE_RELEASE,
     Allocation,
@@ -334,11 +334,6 @@ def not_granted_queued(now: datetime) -> tuple[NotGranted, ...]:
         NotGranted(job_id, org_id, not_granted_detail(klass, org), reason, detail)
         for job_id, org_id, org, klass, reason, detail, _dependency in rows if job_id not in blocked
     )
-
-
-def not_granted_detail(klass: str, org: str) -> str:
-    return (f"priority class {klass} is no longer granted to {org}: an administrator may grant it again, "
-            "or cancel the job and submit it in another class")
 
 
 def load_pending(now: datetime) -> tuple[tuple[core.PendingJob, ...], dict[int, PendingRow]]:

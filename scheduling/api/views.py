@@ -360,8 +360,9 @@ class JobRefundView(GenericAPIView):
         responses={201: JobRefundResultSerializer, 200: JobRefundResultSerializer},
         description="Finance only: credit (refund) up to what the job, or one of its attempts, was "
         "charged (its captures) less what was refunded for it, as new paid credits of the org (a bucket "
-        "of source `refund`, reference `refund:job:<id>:<Idempotency-Key>`). 409 "
-        "`refund-exceeds-charges` past that; the same key again answers 200 with the same refund.",
+        "of source `refund`, reference `refund:job:<id>:<user id>:<Idempotency-Key>`). 409 "
+        "`refund-exceeds-charges` past that. The same request again (same user and key) answers 201 "
+        "with `Idempotent-Replayed: true` while the key is kept, 200 with the same refund after.",
     )
     def post(self, request: Request, job_id: int) -> Response:
         key = key_of(request)
@@ -372,7 +373,9 @@ class JobRefundView(GenericAPIView):
         data = body.validated_data
 
         def effect() -> tuple[int, Any]:
-            refund = refund_job(job_id=job.pk, amount=data["amount"], reason=data["reason"], key=key,
+            # Keys are the caller's (DESIGN §7): two finance users' same key are two refunds (review).
+            refund = refund_job(job_id=job.pk, amount=data["amount"], reason=data["reason"],
+                                key=f"{request.user.pk}:{key}",
                                 attempt_number=data.get("attempt"), expires_at=data.get("expires_at"),
                                 actor=request.user)
             refund.job_charged = job_charged(job.pk)

@@ -523,13 +523,17 @@ def fund_job(*, job: Job) -> bool:
 
 
 def wait_when_funded(job: Job, now: datetime) -> tuple[str, str]:
-    """A queued job's wait once it has its hold: its dependencies, its retry backoff, or none yet
-    (the next pass says)."""
+    """A queued job's wait once it has its hold: its dependencies, its retry backoff, its class no
+    longer granted to its org (QA: a release blanked it until the next pass), or none yet (the
+    next pass says)."""
+    from scheduling.grants import not_granted_wait
     from scheduling.services import dependencies
 
     wait = dependencies.wait_reason_of(job)
     if not wait[0] and job.not_before is not None and job.not_before > now:
         wait = (reasons.BACKOFF, f"retry not before {reasons.utc_time(job.not_before.timestamp())}")
+    if not wait[0]:
+        wait = not_granted_wait(job.pk) or wait
     return wait
 
 

@@ -36,12 +36,17 @@ def refund_reference(job_id: int, key: str) -> str:
     return f"refund:job:{job_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
 
-def _same(refund: JobRefund, amount: int, attempt_number: int | None) -> JobRefund:
+def _same(
+    refund: JobRefund, amount: int, attempt_number: int | None, expires_at: datetime | None
+) -> JobRefund:
     number = refund.attempt.number if refund.attempt_id else None
-    if refund.amount != amount or number != attempt_number:
+    # The terms of the credits too (review: another expiry was answered with the first refund).
+    if refund.amount != amount or number != attempt_number or refund.bucket.expires_at != expires_at:
         raise IdempotencyConflict(
             f"Key {refund.key!r} was already used to refund job {refund.job_id} differently.",
-            key=refund.key, original={"amount": refund.amount, "attempt": number},
+            key=refund.key, original={
+                "amount": refund.amount, "attempt": number,
+                "expires_at": refund.bucket.expires_at and refund.bucket.expires_at.isoformat()},
         )
     refund.replayed = True  # type: ignore[attr-defined]
     return refund
@@ -63,9 +68,9 @@ def refund_job(
     if not key or len(key) > 255:
         raise InvalidParameter("An idempotency key (1-255 characters) is required.", field="key")
     job = lock_job(job_id)
-    existing = JobRefund.objects.select_related("attempt").filter(job_id=job.pk, key=key).first()
+    existing = JobRefund.objects.select_related("attempt", "bucket").filter(job_id=job.pk, key=key).first()
     if existing is not None:
-        return _same(existing, amount, attempt_number)
+        return _same(existing, amount, attempt_number, expires_at)
     attempt = None
     if attempt_number is not None:
         attempt = JobAttempt.objects.filter(job_id=job.pk, number=attempt_number).first()

@@ -178,19 +178,21 @@ def restriction_cuts(types: list[str], spendable: dict[tuple[str, ...], int]) ->
 
 def restricted_refusal(
     short: InsufficientCredits, types: list[str], spendable: dict[tuple[str, ...], int], *, snap: Catalog,
-    gpu_count: int, regions: tuple[str, ...], org_id: int, project_id: int,
+    gpu_count: int, regions: tuple[str, ...], org_id: int, project_id: int, memory_gb: int = 0,
 ) -> InsufficientCredits:
     """The refusal of a hold for `types` when credits restricted to other GPU types exist: it says
     so, instead of "only 0.00 available" beside a balance that shows them (QA). It suggests only
     types those credits pay for that could ever run the job (review: it suggested a type with no
-    node in the job's regions, which the submission then refused 400), or none."""
+    node in the job's regions, or below its per-GPU memory floor, which the submission then
+    refused 400), or none."""
     wanted = set(types)
     other = {r: total for r, total in spendable.items() if r and total > 0 and not wanted <= set(r)}
     if not other:
         return short
 
     def runnable(names: list[str]) -> list[str]:
-        return [t for t in names if _never_on(snap, t, gpu_count, regions, org_id, project_id) is None]
+        return [t for t in names if snap.memory_gb.get(t, 0) >= memory_gb
+                and _never_on(snap, t, gpu_count, regions, org_id, project_id) is None]
 
     listed = "; ".join(f"{format_credits(total)} to {', '.join(r)}" for r, total in sorted(other.items()))
     paid_for = (runnable([t for t in types if any(t in r for r in other)])
@@ -288,5 +290,5 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
                 refusal = error  # the full set's cheapest level's, as before
     assert refusal is not None  # the full set is always tried
     if isinstance(refusal, InsufficientCredits):
-        raise restricted_refusal(refusal, types, spendable, **where)
+        raise restricted_refusal(refusal, types, spendable, memory_gb=job.gpu_memory_gb or 0, **where)
     raise refusal

@@ -243,7 +243,7 @@ def _place_submission_hold(
             on_inserted(job)
     if refusal is None:  # all its types were not tried under the locks: what the last read saw
         refusal = InsufficientCredits(needed=full_quote.amount, available=funds_for(spendable, types))
-    raise restricted_refusal(refusal, types, spendable, **where)
+    raise restricted_refusal(refusal, types, spendable, memory_gb=job.gpu_memory_gb or 0, **where)
 
 
 @transaction.atomic(savepoint=False)

@@ -301,8 +301,10 @@ _LEFT_OUT_SQL = f"""
     WHERE a.state IN (%(running)s, %(stopping)s) AND a.started_at IS NOT NULL
       AND (%(attempt)s::bigint IS NULL OR a.id = %(attempt)s::bigint)
       AND n.last_heartbeat_at > %(after)s + CASE
-        -- a gang: when this node last reported its part (or started it)
-        WHEN a.node_count > 1 THEN COALESCE((u.part_reports ->> al.node_id::text)::timestamptz, al.started_at)
+        -- a gang: when this node last reported its part (or started it); a row with no part
+        -- reports at all (written before them) is judged as a whole, as a single node's
+        WHEN a.node_count > 1 AND u.part_reports IS NOT NULL
+          THEN COALESCE((u.part_reports ->> al.node_id::text)::timestamptz, al.started_at)
         ELSE COALESCE(u.last_heartbeat_at, a.started_at) END
     ORDER BY a.id, al.node_id
     LIMIT %(limit)s
@@ -316,11 +318,37 @@ def _left_out(
     they last reported the part (or started it) without reporting it: their agent does not run it.
     A gang's parts are judged node by node (`AttemptUsage.part_reports`; review: one usage row per
     attempt hid a part its node had dropped while another part reported)."""
+    if connection.vendor != "postgresql":
+        return _left_out_portable(after, attempt_id=attempt_id, limit=limit)
     params = {"ready": NodeState.READY, "running": AttemptState.RUNNING, "stopping": AttemptState.STOPPING,
               "attempt": attempt_id, "after": after, "limit": limit}
     with connection.cursor() as cursor:
         cursor.execute(_LEFT_OUT_SQL, params)
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def _left_out_portable(after: timedelta, *, attempt_id: int | None, limit: int) -> list[tuple[int, int, int]]:
+    """`_LEFT_OUT_SQL`'s rule in Python, for the embedded SQLite mode (review: the sweep raised there)."""
+    parts = Allocation.objects.filter(
+        released_at__isnull=True, started_at__isnull=False, node__state=NodeState.READY,
+        attempt__state__in=(AttemptState.RUNNING, AttemptState.STOPPING), attempt__started_at__isnull=False,
+    )
+    if attempt_id is not None:
+        parts = parts.filter(attempt_id=attempt_id)
+    found: set[tuple[int, int, int]] = set()
+    for a_id, job_id, node_id, node_seen, part_started, started, nodes, seen, reports in parts.values_list(
+        "attempt_id", "attempt__job_id", "node_id", "node__last_heartbeat_at", "started_at",
+        "attempt__started_at", "attempt__node_count", "attempt__usage__last_heartbeat_at",
+        "attempt__usage__part_reports",
+    ):
+        if nodes > 1 and reports is not None:
+            reported = reports.get(str(node_id))
+            last = datetime.fromisoformat(reported) if reported else part_started
+        else:
+            last = seen or started
+        if node_seen is not None and node_seen > last + after:
+            found.add((a_id, job_id, node_id))
+    return sorted(found)[:limit]
 
 
 def end_attempts_their_nodes_leave_out(*, limit: int = 200) -> int:

@@ -182,3 +182,14 @@ def test_a_job_waiting_for_funds_is_not_funded_while_its_class_is_not_granted(te
     assert Job.objects.get(pk=job.pk).current_hold_id is None
     PriorityGrant.objects.create(org=tenant.org, priority_class=PriorityClass.objects.get(name="production"))
     assert fund_waiting_jobs() == 1
+
+
+def test_releasing_a_held_job_whose_class_is_not_granted_says_so_at_once(tenant: Any) -> None:
+    """QA: the release blanked the wait reason until the next pass."""
+    api = client_for(tenant.user)
+    job_id = post(api, _body(tenant)).json()["id"]
+    PriorityGrant.objects.filter(org=tenant.org).delete()
+    assert api.post(f"/api/v1/jobs/{job_id}/hold", format="json", HTTP_IDEMPOTENCY_KEY="h").status_code == 200
+    released = api.post(f"/api/v1/jobs/{job_id}/release", format="json", HTTP_IDEMPOTENCY_KEY="r").json()
+    assert released["wait_reason"] == "class-not-granted"
+    assert released["wait_detail"].startswith("priority class production is no longer granted to")

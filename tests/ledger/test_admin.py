@@ -355,6 +355,11 @@ def test_finance_voids_part_of_one_bucket_to_correct_an_over_issue(finance_clien
     refused = finance_client.post(url, both)
     assert refused.status_code == 200
     assert refused.context["form"].errors["credits"] == ["Select one bucket to void a part of it."]
+    # QA: with "close" left ticked (as offered) the rest of the bucket expired at once.
+    closing = finance_client.post(url, {**both, "_selected_action": [bucket.pk], "close": "on"})
+    assert "closing it would let the rest expire now" in closing.context["form"].errors["close"][0]
+    bucket.refresh_from_db()
+    assert (bucket.voided, bucket.expired, bucket.expires_at) == (0, 0, None)
     done = finance_client.post(url, {**both, "_selected_action": [bucket.pk]}, follow=True)
     bucket.refresh_from_db()
     assert (bucket.available, bucket.voided, bucket.expires_at) == (100 * MICRO, 900 * MICRO, None)

@@ -204,3 +204,29 @@ def test_a_part_its_own_node_no_longer_reports_is_ended_while_the_other_part_rep
     post(first, f"/attempts/{attempt.pk}/exit", stopped)
     attempt.refresh_from_db()
     assert (attempt.state, attempt.outcome, attempt.job.state) == (AttemptState.ENDED, "lost", "queued")
+
+
+def test_a_gang_reported_by_both_nodes_before_the_migration_is_not_ended_lost(gang: Any) -> None:
+    """Review: a usage row with no part reports (written before them: a gang running at deploy, or
+    a heartbeat served by a web worker not yet upgraded) is judged as a whole; judged by the
+    parts' start it was ended `lost` on every node once it had run 5 minutes."""
+    from django.db import connection
+
+    from scheduling.services.tick import sweep_nodes
+
+    attempt, (first, second), _nodes = gang
+    _start_both(attempt, [first, second])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE scheduling_allocation SET allocated_at = now() - interval '1 hour', "
+                       "started_at = now() - interval '1 hour' WHERE attempt_id = %s", [attempt.pk])
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": PER_NODE_MS}]}
+    for client in (first, second):  # both nodes report the gang, now
+        assert post(client, "/heartbeats", beat).json()["accepted"] == 1
+    with connection.cursor() as cursor:  # as the code before fd090de left the row (or the migration)
+        cursor.execute("UPDATE metering_attemptusage SET part_reports = NULL, last_heartbeat_at = now() "
+                       "WHERE attempt_id = %s", [attempt.pk])
+    sweep_nodes()
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING, (
+        f"a gang both nodes reported just now was ended: state {attempt.state}, outcome {attempt.outcome}, "
+        f"first part {attempt.first_part_outcome}")
