@@ -302,9 +302,9 @@ class Agent:
                 "refusing start: gpu_indices %s not on this node",
                 list(spec.gpu_indices),
             )
-            # The node's fault, not the job's (its inventory and the server's disagree): `lost`,
-            # so the job is retried elsewhere with backoff instead of failing for good.
-            self._finish(ExitRecord(spec.attempt_id, 0, 0, None, None, "lost"))
+            # The node's fault, not the job's (its inventory and the server's disagree): `refused`,
+            # so the job is requeued elsewhere at once (no retry spent) and the node drained.
+            self._finish(ExitRecord(spec.attempt_id, 0, 0, None, None, "refused"))
             return
         if self.runner.start(spec):
             self._pending_started[spec.attempt_id] = _Retry()

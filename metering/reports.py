@@ -21,7 +21,7 @@ from scheduling.models import Allocation, AttemptState, Job, JobAttempt, Node
 # Outcomes an agent may report (docs/agent-protocol.md §5).
 AGENT_OUTCOMES = frozenset(
     {"completed", "failed", "launch_failed", "preempted", "evicted", "cancelled", "out_of_credit",
-     "timed_out", "lost"}
+     "timed_out", "lost", "refused"}
 )
 
 
@@ -178,9 +178,35 @@ def report_exit(*, node: Node, attempt_id: int, report: ExitReport) -> ExitResul
             ensure_usage_rows(node_id=node.pk, attempt_ids=[attempt_id])
             item = HeartbeatItem(attempt_id, report.seq, report.cumulative_gpu_ms)
             apply_usage(node_id=node.pk, items=[item])
+        outcome = report.outcome
+        if outcome == "refused":
+            outcome = _refused(attempt, node)
         code = report.exit_code
-        if end_gang_part(attempt=attempt, node_id=node.pk, outcome=report.outcome, exit_code=code):
-            return ExitResult(attempt_id, job.state, report.outcome, duplicate=False)
-        job = finish_attempt(attempt=attempt, outcome=report.outcome, exit_code=report.exit_code)
+        if end_gang_part(attempt=attempt, node_id=node.pk, outcome=outcome, exit_code=code):
+            return ExitResult(attempt_id, job.state, outcome, duplicate=False)
+        job = finish_attempt(attempt=attempt, outcome=outcome, exit_code=code)
         attempt.refresh_from_db()
         return ExitResult(attempt_id, job.state, attempt.outcome, duplicate=False)
+
+
+def _refused(attempt: JobAttempt, node: Node) -> str:
+    """The agent refused to start the attempt (its GPUs are not on the node: the inventory and the
+    server's view disagree). The node's fault, not the job's: the attempt ends `refused` (requeued
+    at once, no retry spent; it spent one as `lost`), and the node is drained after the commit, so
+    the job is not placed there again until an operator has looked (Slurm drains a node whose
+    configuration does not match). One that ran here already is `lost`."""
+    if attempt.started_at is not None:
+        return "lost"
+    # After the commit, in its own transaction: the node row is not locked among the ledger locks.
+    transaction.on_commit(lambda: _drain_if_in_service(node.pk), robust=True)
+    return "refused"
+
+
+@transaction.atomic
+def _drain_if_in_service(node_id: int) -> None:
+    from scheduling.models import NodeCordon
+    from scheduling.services.nodes import set_cordon
+
+    node = Node.objects.select_for_update().get(pk=node_id)
+    if node.cordon == NodeCordon.NONE:  # an operator's drain or out-of-service cordon stays
+        set_cordon(node=node, cordon=NodeCordon.DRAIN, why="start-refused")

@@ -65,7 +65,8 @@ PERMANENT_OUTCOMES: dict[str, str] = {
 # lost: the node went silent (counts as a retry, backs off); preempted: for a higher class;
 # evicted: its node was taken out of service by an operator; withdrawn: its node went silent
 # before it started (the server's decision; neither of the last two counts nor backs off).
-TRANSIENT_OUTCOMES = frozenset({"lost", "preempted", "evicted", "withdrawn"})
+# refused: its node's agent refused to start it (GPUs the node does not have): the node is drained.
+TRANSIENT_OUTCOMES = frozenset({"lost", "preempted", "evicted", "withdrawn", "refused"})
 OUTCOMES = frozenset(PERMANENT_OUTCOMES) | TRANSIENT_OUTCOMES
 LIVE_ATTEMPT_STATES = (AttemptState.SCHEDULED, AttemptState.RUNNING, AttemptState.STOPPING)
 
@@ -434,6 +435,8 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
         return requeue(job=job, not_before=None, reason_code="requeued-after-preemption")
     if final == "evicted":
         return requeue(job=job, not_before=None, reason_code="requeued-after-eviction", data=data)
+    if final == "refused":  # the node's fault, not the job's: no retry spent, no backoff
+        return requeue(job=job, not_before=None, reason_code="requeued-start-refused-by-node", data=data)
     if final == "withdrawn":
         return requeue(job=job, not_before=None, reason_code="requeued-node-silent-before-start", data=data)
     # A lost node: retry with exponential backoff while retries remain.

@@ -183,7 +183,7 @@ def mark_node_alive(*, node_id: int) -> bool:
 
 
 @transaction.atomic
-def set_cordon(*, node: Node, cordon: str, actor: Any = None) -> Node:
+def set_cordon(*, node: Node, cordon: str, actor: Any = None, why: str = "") -> Node:
     """An operator drains a node, takes it out of service, or returns it to service (audited).
 
     Heartbeats never touch it (they keep `state`, the node's health). Out of service: the node's
@@ -199,7 +199,7 @@ def set_cordon(*, node: Node, cordon: str, actor: Any = None) -> Node:
         action="sched.node.cordon", subject_type="node", subject_id=node.pk,
         actor_type=AuditEvent.ActorType.USER if actor is not None else AuditEvent.ActorType.SYSTEM,
         actor_id=str(getattr(actor, "pk", "")), reason_code=cordon or "in-service",
-        data={"from": locked.cordon, "to": cordon, "state": locked.state},
+        data={"from": locked.cordon, "to": cordon, "state": locked.state, **({"why": why} if why else {})},
     )
     locked.cordon = cordon
 

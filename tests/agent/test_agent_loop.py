@@ -271,8 +271,9 @@ def test_start_on_a_gpu_the_node_lacks_is_refused(fake_server, run_agent, wait_f
     fake_server.add_start(93, f"touch {job_dir}/ran", gpus=[9])
     run_agent()
     (report,) = wait_for(lambda: fake_server.exits(93), what="exit report")
-    # QA: "failed" ended the job for good for a fault of the node; "lost" retries it elsewhere.
-    assert report.body["outcome"] == "lost" and report.body["exit_code"] is None
+    # QA: "failed" ended the job for good for a fault of the node; "lost" spent a retry on it;
+    # "refused": requeued at once, and the server drains the node.
+    assert report.body["outcome"] == "refused" and report.body["exit_code"] is None
     assert not (job_dir / "ran").exists()
 
 

@@ -148,3 +148,30 @@ def test_malformed_heartbeats_are_400(world: World) -> None:
     assert post(client, "/heartbeats", negative).status_code == 400
     assert client.post(f"{PREFIX}/heartbeats", "{", content_type="application/json").status_code == 400
     assert client.get(f"{PREFIX}/heartbeats").status_code == 405
+
+
+def test_a_start_the_agent_refuses_requeues_the_job_at_once_and_drains_the_node(
+    world: Any, funded: Any, submit: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The agent refuses a start for GPUs its node does not have (its inventory and the server's
+    disagree): the node's fault. It was reported `lost`: a retry spent, a backoff, and the job
+    placed on the same node again after it. Now the job is requeued at once, no retry spent, and
+    the node drained (audited) so it is not placed there again until an operator has looked."""
+    from audit.models import AuditEvent
+    from scheduling.models import NodeCordon
+
+    funded()
+    mark_node_alive(world.node)
+    submit(gpus=2, max_wall_seconds=600)
+    [attempt] = place_pending()
+    client = Client(headers={"Authorization": f"Bearer {world.token}"})
+    refused = {"seq": 0, "cumulative_gpu_ms": 0, "exit_code": None, "signal": None, "outcome": "refused"}
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = post(client, f"/attempts/{attempt.pk}/exit", refused)
+    assert answer.status_code == 200, answer.json()
+    attempt.refresh_from_db()
+    job = attempt.job
+    assert (attempt.outcome, job.state, job.not_before) == ("refused", JobState.QUEUED, None)
+    assert Node.objects.get(pk=world.node.pk).cordon == NodeCordon.DRAIN
+    drained = AuditEvent.objects.get(action="sched.node.cordon", subject_id=str(world.node.pk))
+    assert drained.data["why"] == "start-refused"
