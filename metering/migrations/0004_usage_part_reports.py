@@ -12,10 +12,16 @@ def seed_part_reports(apps, schema_editor):
     live = AttemptUsage.objects.filter(settled_at__isnull=True, last_heartbeat_at__isnull=False,
                                        attempt__node_count__gt=1)
     for usage in live:
-        nodes = set(Allocation.objects.filter(attempt_id=usage.attempt_id, released_at__isnull=True)
-                    .values_list("node_id", flat=True))
-        usage.part_reports = {str(node): usage.last_heartbeat_at.isoformat() for node in sorted(nodes)}
-        usage.save(update_fields=["part_reports"])
+        # Started parts only, each from the later of the row's last report and its own start (review:
+        # a part starting after the deploy was judged by the row's old report, and ended `lost`).
+        parts: dict[int, object] = {}
+        for node, started in (Allocation.objects.filter(
+                attempt_id=usage.attempt_id, released_at__isnull=True, started_at__isnull=False)
+                .values_list("node_id", "started_at")):
+            parts[node] = max(started, usage.last_heartbeat_at, parts.get(node, started))
+        if parts:
+            usage.part_reports = {str(node): when.isoformat() for node, when in sorted(parts.items())}
+            usage.save(update_fields=["part_reports"])
 
 
 class Migration(migrations.Migration):

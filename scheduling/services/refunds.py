@@ -40,13 +40,16 @@ def _same(
     refund: JobRefund, amount: int, attempt_number: int | None, expires_at: datetime | None
 ) -> JobRefund:
     number = refund.attempt.number if refund.attempt_id else None
-    # The terms of the credits too (review: another expiry was answered with the first refund).
-    if refund.amount != amount or number != attempt_number or refund.bucket.expires_at != expires_at:
+    # The terms of the credits too (review: another expiry was answered with the first refund), as
+    # given: a bucket closed since keeps the expiry it had (review: a retry then conflicted).
+    bucket = refund.bucket
+    given = bucket.expires_at_before_close if bucket.closed_at is not None else bucket.expires_at
+    if refund.amount != amount or number != attempt_number or given != expires_at:
         raise IdempotencyConflict(
             f"Key {refund.key!r} was already used to refund job {refund.job_id} differently.",
             key=refund.key, original={
                 "amount": refund.amount, "attempt": number,
-                "expires_at": refund.bucket.expires_at and refund.bucket.expires_at.isoformat()},
+                "expires_at": given and given.isoformat()},
         )
     refund.replayed = True  # type: ignore[attr-defined]
     return refund

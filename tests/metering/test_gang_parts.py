@@ -4,9 +4,13 @@ its second node never told to start, its first part's exit released every node's
 
 from __future__ import annotations
 
+import importlib
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.apps import apps as django_apps
+from django.db import connection
 from django.test import Client
 
 from audit.models import AuditEvent
@@ -230,3 +234,62 @@ def test_a_gang_reported_by_both_nodes_before_the_migration_is_not_ended_lost(ga
     assert attempt.state == AttemptState.RUNNING, (
         f"a gang both nodes reported just now was ended: state {attempt.state}, outcome {attempt.outcome}, "
         f"first part {attempt.first_part_outcome}")
+
+
+def test_seeded_part_of_a_gang_not_started_at_deploy_is_not_left_out_when_it_starts(gang: Any) -> None:
+    """Review: metering/0004 seeded every live allocation's node with the usage row's last report,
+    a part not started yet too; when it started, that stale entry was preferred to its start, and
+    the sweep ended the gang `lost` before the part's first heartbeat."""
+    from scheduling.services.tick import _left_out
+
+    seed = importlib.import_module("metering.migrations.0004_usage_part_reports").seed_part_reports
+    attempt, (first, second), _nodes = gang
+    assert post(first, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": 1000}]}
+    assert post(first, "/heartbeats", beat).json()["accepted"] == 1
+    with connection.cursor() as cursor:  # a row from before 0004: no part reports, last report 10 min ago
+        cursor.execute("UPDATE metering_attemptusage SET part_reports = NULL, last_heartbeat_at = "
+                       "now() - interval '10 minutes' WHERE attempt_id = %s", [attempt.pk])
+        cursor.execute("UPDATE scheduling_jobattempt SET started_at = now() - interval '15 minutes' "
+                       "WHERE id = %s", [attempt.pk])
+        cursor.execute("UPDATE scheduling_allocation SET started_at = now() - interval '15 minutes' "
+                       "WHERE attempt_id = %s AND started_at IS NOT NULL", [attempt.pk])
+    seed(django_apps, None)  # the migration, at deploy
+    # Part B starts now; its node is alive; part A reports.
+    assert post(second, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    beat["attempts"][0]["seq"] = 2
+    assert post(first, "/heartbeats", beat).json()["accepted"] == 1
+    assert post(second, "/heartbeats", {"attempts": []}).status_code == 200
+    assert _left_out(timedelta(minutes=5)) == []
+
+
+@pytest.mark.parametrize("stale_b", [True, False])
+@pytest.mark.parametrize("reports", ["none", "both", "a_only"])
+def test_portable_left_out_matches_the_sql(gang: Any, stale_b: bool, reports: str) -> None:
+    """The SQLite rule (`_left_out_portable`, review: the sweep raised there) is plain ORM: run on
+    PostgreSQL beside the SQL, it finds the same parts."""
+    from scheduling.services.tick import _left_out, _left_out_portable
+
+    attempt, (first, second), nodes = gang
+    for client in (first, second):
+        assert post(client, f"/attempts/{attempt.pk}/started", {}).status_code == 200
+    beat = {"attempts": [{"attempt_id": attempt.pk, "seq": 1, "cumulative_gpu_ms": 1000}]}
+    for client in {"none": (), "both": (first, second), "a_only": (first,)}[reports]:
+        assert post(client, "/heartbeats", beat).json()["accepted"] == 1
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE scheduling_allocation SET started_at = now() - interval '1 hour' "
+                       "WHERE attempt_id = %s", [attempt.pk])
+        cursor.execute("UPDATE scheduling_jobattempt SET started_at = now() - interval '1 hour' "
+                       "WHERE id = %s", [attempt.pk])
+        if stale_b and reports == "both":
+            cursor.execute("UPDATE metering_attemptusage SET part_reports = jsonb_set(part_reports, %s, "
+                           "to_jsonb(now() - interval '10 minutes')) WHERE attempt_id = %s",
+                           [[str(nodes[1].pk)], attempt.pk])
+        if reports == "none" and stale_b:
+            cursor.execute("UPDATE metering_attemptusage SET last_heartbeat_at = "
+                           "now() - interval '10 minutes' WHERE attempt_id = %s", [attempt.pk])
+    post(second, "/heartbeats", {"attempts": []})
+    post(first, "/heartbeats", {"attempts": []})
+    for after in (timedelta(minutes=5), timedelta(minutes=20), timedelta(0)):
+        assert _left_out(after) == _left_out_portable(after, attempt_id=None, limit=200)
+        assert _left_out(after, limit=1) == _left_out_portable(after, attempt_id=None, limit=1)

@@ -13,7 +13,7 @@ from django.db import IntegrityError
 from config.errors import DomainError
 from ledger.clock import shifted
 from ledger.models import MICRO, LedgerTransaction, TransactionKind
-from ledger.services import issue_credits
+from ledger.services import issue_credits, void_credits
 from ledger.statements import org_statement
 from ledger.verification import verify_ledger
 from scheduling.models import JobRefund
@@ -149,3 +149,19 @@ def test_same_key_other_terms_is_a_conflict_not_a_silent_replay(make_attempt, fu
     refund_job(job_id=attempt.job_id, amount=MICRO, reason="a", key="k1", expires_at=soon)
     with pytest.raises(DomainError):
         refund_job(job_id=attempt.job_id, amount=MICRO, reason="b", key="k1", expires_at=None)
+
+
+@pytest.mark.django_db
+def test_refund_replay_after_the_bucket_was_closed_is_a_replay_not_a_conflict(
+    make_attempt, funded, world
+) -> None:
+    """Review: a replay compared the bucket's current expiry; closing the refund bucket (void with
+    close) moves it to now, so the very same request retried later was a conflict."""
+    attempt = _charged_job(make_attempt, funded)
+    first = refund_job(job_id=attempt.job_id, amount=MICRO, reason="bad node", key="k1")
+    with shifted(timedelta(hours=1)):  # later (one test transaction: now() would not move)
+        void_credits(bucket=first.bucket, reason="clawback", key="v1", close=True)
+        first.bucket.refresh_from_db()
+        assert first.bucket.closed_at is not None
+        again = refund_job(job_id=attempt.job_id, amount=MICRO, reason="bad node", key="k1")
+        assert again.pk == first.pk and again.replayed
