@@ -15,6 +15,7 @@ from config.api.serializers import (
 )
 from ledger.clock import ledger_now
 from ledger.models import BucketKind, BucketSource, LedgerTransaction, Posting, TransactionKind
+from ledger.services.issuance import reference_problem
 from ledger.statements import MONTH_PATTERN
 
 
@@ -148,6 +149,11 @@ class CreditIssueSerializer(StrictSerializer):
     reference = StrictCharField(min_length=1, max_length=128,
                                 help_text="Finance reference (invoice, grant id); unique per org.")
     reason = StrictCharField(min_length=1, max_length=2000)
+
+    def validate_reference(self, value: str) -> str:
+        if problem := reference_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
     effective_at = AwareDateTimeField(required=False, help_text="With its UTC offset; empty = now.")
     expires_at = AwareDateTimeField(required=False, help_text="With its UTC offset, in the future and after "
                                     "effective_at; empty = never.")

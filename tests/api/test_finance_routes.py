@@ -309,3 +309,14 @@ def test_credits_with_a_null_project_are_for_the_whole_org(finance: APIClient, t
     assert response.status_code == 201, response.content
     assert response.json()["project"] is None
     assert Bucket.objects.get(org=tenant.org, reference="null-project").project_id is None
+
+
+@pytest.mark.parametrize("reference", ["inv\n7", "inv\x007", "refund:job:1:k"])
+def test_a_bad_reference_is_refused_in_one_shape(finance: APIClient, tenant: Tenant, reference: str) -> None:
+    """QA: a control character was `invalid-parameter` with a top-level `field`, a NUL a
+    `validation-error` under `errors.reference`; both (and a reference kept for refunds) are now the
+    latter."""
+    body = {"amount": 5, "kind": "paid", "source": "purchase", "reference": reference, "reason": "r"}
+    response = send(finance, "post", f"/api/v1/orgs/{tenant.org.pk}/credits", body)
+    assert response.status_code == 400, response.json()
+    assert response.json()["type"].endswith("validation-error") and "reference" in response.json()["errors"]
