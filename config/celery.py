@@ -5,9 +5,11 @@ import os
 from celery import Celery, signals
 from celery.schedules import crontab
 
+from config import celery_filesystem
 from config.env import env
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+celery_filesystem.register()  # the embedded mode's broker (config/settings/tasks.py)
 
 app = Celery("gpubank")
 

@@ -11,7 +11,8 @@ else:
     _queue = BASE_DIR / "var" / "celery"
     for _folder in ("out", "processed", "control"):
         (_queue / _folder).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    # kombu's filesystem transport, writing each message atomically (config/celery_filesystem.py).
+    CELERY_BROKER_URL = "gpubankfs://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue / "out"),
         "data_folder_out": str(_queue / "out"),
