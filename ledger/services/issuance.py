@@ -77,7 +77,8 @@ REFUND_REFERENCE_PREFIX = "refund:"
 def reference_problem(reference: str) -> str | None:
     """What is wrong with a finance reference finance issues credits under, if anything (the API's
     serializer asks too, so every refusal has the same shape: QA saw two)."""
-    if reference.startswith(REFUND_REFERENCE_PREFIX):  # review: a refund then hit it (500)
+    # Review: a refund then hit it (500); QA: in any case.
+    if reference.lower().startswith(REFUND_REFERENCE_PREFIX):
         return f"References starting with {REFUND_REFERENCE_PREFIX!r} are kept for refunds of jobs."
     if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in reference):
         # QA: a newline or tab in an invoice reference was accepted (statements and exports show it).

@@ -1,5 +1,6 @@
 """Jobs endpoints: thin views over `submit_job` / `cancel_job` and tenancy-scoped reads."""
 
+import hashlib
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -351,6 +352,13 @@ class JobReleaseView(_JobActionView):
     change = staticmethod(release_job)
 
 
+def _refund_key(user_id: int, key: str) -> str:
+    """The caller's key for `refund_job` (at most 255 characters: a long one is hashed; QA: a
+    254-character Idempotency-Key was refused once the user id was put before it)."""
+    scoped = f"{user_id}:{key}"
+    return scoped if len(scoped) <= 255 else f"{user_id}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
 class JobRefundView(GenericAPIView):
     serializer_class = JobRefundResultSerializer
     rate_limit_scope = "finance"
@@ -375,7 +383,7 @@ class JobRefundView(GenericAPIView):
         def effect() -> tuple[int, Any]:
             # Keys are the caller's (DESIGN §7): two finance users' same key are two refunds (review).
             refund = refund_job(job_id=job.pk, amount=data["amount"], reason=data["reason"],
-                                key=f"{request.user.pk}:{key}",
+                                key=_refund_key(request.user.pk, key),
                                 attempt_number=data.get("attempt"), expires_at=data.get("expires_at"),
                                 actor=request.user)
             refund.job_charged = job_charged(job.pk)

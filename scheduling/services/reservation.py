@@ -195,10 +195,14 @@ def restricted_refusal(
                 and _never_on(snap, t, gpu_count, regions, org_id, project_id) is None]
 
     listed = "; ".join(f"{format_credits(total)} to {', '.join(r)}" for r, total in sorted(other.items()))
-    paid_for = (runnable([t for t in types if any(t in r for r in other)])
-                or runnable(sorted({t for r in other for t in r})))
-    suggestion = f", e.g. gpu_types {json.dumps(paid_for)}" if paid_for else (
-        "; none of those types could run it (its size, regions or quotas)")
+    # The job's own types those credits pay for were tried already (`hold_choices`): they are too
+    # few for it there (QA: it was told to submit with the types it had asked for). Other types
+    # are a suggestion.
+    own = runnable([t for t in types if any(t in r for r in other)])
+    elsewhere = [] if own else runnable(sorted({t for r in other for t in r}))
+    suggestion = (f"; those for {', '.join(own)} are too few for it" if own
+                  else f", e.g. gpu_types {json.dumps(elsewhere)}" if elsewhere
+                  else "; none of those types could run it (its size, regions or quotas)")
     detail = (
         f"Needs {format_credits(short.needed)} credits for GPU types {', '.join(types)}, only "
         f"{format_credits(short.available)} available for them; the org's other "

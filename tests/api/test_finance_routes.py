@@ -311,7 +311,7 @@ def test_credits_with_a_null_project_are_for_the_whole_org(finance: APIClient, t
     assert Bucket.objects.get(org=tenant.org, reference="null-project").project_id is None
 
 
-@pytest.mark.parametrize("reference", ["inv\n7", "inv\x007", "refund:job:1:k"])
+@pytest.mark.parametrize("reference", ["inv\n7", "inv\x007", "refund:job:1:k", "REFUND:job:1:k"])
 def test_a_bad_reference_is_refused_in_one_shape(finance: APIClient, tenant: Tenant, reference: str) -> None:
     """QA: a control character was `invalid-parameter` with a top-level `field`, a NUL a
     `validation-error` under `errors.reference`; both (and a reference kept for refunds) are now the

@@ -165,3 +165,13 @@ def test_refund_replay_after_the_bucket_was_closed_is_a_replay_not_a_conflict(
         assert first.bucket.closed_at is not None
         again = refund_job(job_id=attempt.job_id, amount=MICRO, reason="bad node", key="k1")
         assert again.pk == first.pk and again.replayed
+
+
+@pytest.mark.django_db
+def test_a_refund_with_the_longest_idempotency_key_is_made(make_attempt, funded, world) -> None:
+    """QA: a 254- or 255-character key was refused once the caller's id was put before it."""
+    attempt = _charged_job(make_attempt, funded)
+    api = client_for(_finance_user())
+    response = _post(api, attempt.job_id, {"amount": MICRO, "reason": "x"}, key="k" * 255)
+    assert response.status_code == 201, response.json()
+    assert JobRefund.objects.get(job_id=attempt.job_id).key.split(":")[1] == "sha256"
