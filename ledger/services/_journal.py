@@ -81,6 +81,11 @@ def actor_fields(actor: Any) -> tuple[str, str]:
     return "user", str(actor.pk)
 
 
+def acting_user(actor: Any) -> Any:
+    """The user who acts, for a `created_by` column; None for the system or a named service."""
+    return None if actor is None or isinstance(actor, str) else actor
+
+
 def replay(*, org_id: int, key: str, kind: str, params: dict[str, Any]) -> LedgerTransaction | None:
     """The transaction already recorded under `key`, if any; a different request is a conflict."""
     existing = LedgerTransaction.objects.filter(org_id=org_id, key=key).first()

@@ -33,6 +33,7 @@ from ledger.models import (
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
+    acting_user,
     actor_fields,
     audit,
     check_amount,
@@ -145,7 +146,7 @@ def issue_credits(
         available=amount,
         reference=reference,
         reason=reason,
-        created_by=actor if actor is not None and not isinstance(actor, str) else None,
+        created_by=acting_user(actor),
     )
     existing = Bucket.objects.filter(org_id=org.pk, reference=reference).first()
     if existing is not None:
@@ -208,7 +209,7 @@ def issue_refund(
     bucket = Bucket(
         org_id=org.pk, project_id=None, kind=BucketKind.PAID, source=BucketSource.REFUND, gpu_types=[],
         effective_at=now, expires_at=expires_at, granted=amount, available=amount, reference=reference,
-        reason=reason, created_by=actor if actor is not None and not isinstance(actor, str) else None,
+        reason=reason, created_by=acting_user(actor),
     )
     try:
         with transaction.atomic():

@@ -20,7 +20,7 @@ from config.clock import db_now
 from ledger.errors import IdempotencyConflict, InvalidParameter, RefundExceedsCharges
 from ledger.retry import retry_on_conflict
 from ledger.services import issue_refund
-from ledger.services._journal import check_amount
+from ledger.services._journal import acting_user, check_amount
 from scheduling.models import JobAttempt, JobRefund
 from scheduling.selectors import job_charged, job_refunded
 from scheduling.services.lifecycle import lock_job
@@ -95,7 +95,7 @@ def refund_job(
                           params=params, expires_at=expires_at, actor=actor)
     refund = JobRefund.objects.create(
         job=job, attempt=attempt, org_id=job.org_id, bucket=bucket, amount=amount, reason=reason, key=key,
-        created_at=db_now(), created_by=actor if actor is not None and not isinstance(actor, str) else None,
+        created_at=db_now(), created_by=acting_user(actor),
     )
     refund.replayed = False  # type: ignore[attr-defined]
     return refund

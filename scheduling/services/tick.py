@@ -380,12 +380,20 @@ def _end_left_out(attempt_id: int, job_id: int, after: timedelta) -> bool:
         return False  # reported, ended or its node silent since the sweep read it
     log.warning("attempt %s: nodes %s have not reported it for %s; ending it there lost", attempt_id, nodes,
                 after)
-    for node_id in nodes:
+    _end_parts_lost(attempt, nodes)
+    return True
+
+
+def _end_parts_lost(attempt: JobAttempt, node_ids: list[int]) -> None:
+    """End the attempt's parts on these nodes `lost`. A gang with parts still running on other
+    nodes: only those parts end here; the others are stopped and keep their GPUs until they exit
+    (review: every part's GPUs were handed to the next job while the live parts still ran). The
+    last part ends the attempt. Caller holds the job and attempt locks."""
+    for node_id in node_ids:
         if not end_gang_part(attempt=attempt, node_id=node_id, outcome="lost", exit_code=None):
             finish_attempt(attempt=attempt, outcome="lost")
-            break
+            return
         attempt.refresh_from_db()
-    return True
 
 
 @transaction.atomic
@@ -395,12 +403,5 @@ def _end_lost(attempt_id: int, job_id: int) -> bool:
     down = _its_nodes_that_are(attempt, NodeState.DOWN) if attempt.state in _LIVE else []
     if not down:
         return False  # ended, or its node back, since the sweep read it
-    for node_id in down:
-        # A gang with parts still running on live nodes: only the lost part ends here; the others
-        # are stopped and keep their GPUs until they exit (review: every part's GPUs were handed
-        # to the next job while the live parts still ran).
-        if not end_gang_part(attempt=attempt, node_id=node_id, outcome="lost", exit_code=None):
-            finish_attempt(attempt=attempt, outcome="lost")
-            break
-        attempt.refresh_from_db()
+    _end_parts_lost(attempt, down)
     return True
