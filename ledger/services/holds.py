@@ -81,11 +81,16 @@ def spendable_by_gpu_types(
     return spendable
 
 
+def pays_for(restriction: Iterable[str], gpu_types: Iterable[str]) -> bool:
+    """Whether a bucket restricted to `restriction` (empty: any type) may fund a hold for
+    `gpu_types` (the rule of `eligible_buckets`)."""
+    allowed, wanted = set(restriction), set(gpu_types)
+    return not allowed or bool(wanted and wanted <= allowed)
+
+
 def funds_for(spendable: dict[tuple[str, ...], int], gpu_types: Iterable[str]) -> int:
-    """What of `spendable` a hold for `gpu_types` may draw on (the rule of `eligible_buckets`)."""
-    wanted = set(gpu_types)
-    return sum(total for types, total in spendable.items()
-               if not types or (wanted and wanted <= set(types)))
+    """What of `spendable` a hold for `gpu_types` may draw on."""
+    return sum(total for types, total in spendable.items() if pays_for(types, gpu_types))
 
 
 def lock_eligible_buckets(
@@ -149,7 +154,7 @@ def _hold_funds(
     buckets = lock_eligible_buckets(
         org_id=hold.org_id, project_id=hold.project_id, gpu_types=[run_type] if wider else types, now=now
     )
-    own = [b for b in buckets if not b.gpu_types or (types and set(types) <= set(b.gpu_types))]
+    own = [b for b in buckets if pays_for(b.gpu_types, types)]
     try:
         plan = _allocate(own, amount)
     except InsufficientCredits:
