@@ -19,7 +19,7 @@ from django.db.models import Exists, Model, OuterRef, Q, QuerySet
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
-from accounts.models import Membership, Organization, OrgMembership, OrgRole, Project
+from accounts.models import ApiKey, Membership, Organization, OrgMembership, OrgRole, Project
 from config import prepared
 
 FINANCE_GROUP = "finance"
@@ -194,3 +194,9 @@ def job_write_refusal(user: AnyUser, project: Project, verb: str) -> str:
         return (f"Project viewers cannot {verb} jobs; project members with any other role, "
                 "and org owners/admins, can.")
     return f"Only project members (any role but viewer) and org owners/admins may {verb} jobs here."
+
+
+def own_api_keys(user: AnyUser) -> QuerySet[ApiKey]:
+    """The user's own API keys, newest first (revoked and expired ones too: their history)."""
+    return ApiKey.objects.filter(user_id=user.pk).order_by("-id")
+

@@ -3,7 +3,10 @@
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts.keys import hash_key, new_key
@@ -38,6 +41,12 @@ class Conflict(DomainError):
     type = "conflict"
     status = 409
     title = "Conflicts with an existing object"
+
+
+class TooManyKeys(DomainError):
+    type = "too-many-api-keys"
+    status = 409
+    title = "Too many active API keys"
 
 
 def _actor(actor: Any) -> dict[str, str]:
@@ -89,6 +98,35 @@ def revoke_api_key(*, api_key: ApiKey, actor: Any = None) -> ApiKey:
                data={"prefix": api_key.prefix}, **_actor(actor))
     api_key.refresh_from_db()
     return api_key
+
+
+def key_state(key: ApiKey, now: datetime | None = None) -> str:
+    """`revoked`, `expired` or `active`: what a request with the key would meet."""
+    if key.revoked_at is not None:
+        return "revoked"
+    if key.expires_at is not None and key.expires_at <= (now or timezone.now()):
+        return "expired"
+    return "active"
+
+
+@transaction.atomic
+def create_own_api_key(*, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiKey, str]:
+    """A key a signed-in user makes for themselves (portal, API): at most
+    `API_KEYS_MAX_ACTIVE_PER_USER` usable keys each, counted under a lock on the user's row so
+    that two concurrent requests cannot both take the last place."""
+    check_api_key_terms(name=name, expires_at=expires_at)
+    get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
+    limit = int(settings.API_KEYS_MAX_ACTIVE_PER_USER)
+    now = db_now()
+    active = ApiKey.objects.filter(user=user, revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    ).count()
+    if active >= limit:
+        raise TooManyKeys(
+            f"You have {active} active API keys, the most allowed is {limit}: revoke one you no "
+            "longer use first.", active=active, limit=limit,
+        )
+    return create_api_key(user=user, name=name, expires_at=expires_at, actor=user)
 
 
 @transaction.atomic

@@ -1,18 +1,28 @@
 """Organizations, projects and memberships: strict inputs, flat outputs."""
 
+from datetime import datetime
+
+from django.utils import timezone
 from rest_framework import serializers
 
 from accounts.models import (
     MIN_HOLD_WINDOW_SECONDS,
     PROJECT_ROLE_MESSAGE,
+    ApiKey,
     Membership,
     Organization,
     Project,
     ProjectRole,
 )
 from accounts.selectors import org_people
-from accounts.services import NO_SUCH_USER
-from config.api.serializers import StrictCharField, StrictIntegerField, StrictSerializer
+from accounts.services import NO_SUCH_USER, key_state
+from config.api.serializers import (
+    AwareDateTimeField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
+from config.text import has_control_characters
 
 SLUG_RE = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
 
@@ -119,3 +129,41 @@ class MembershipSerializer(ProjectMemberSerializer):
 
     def get_unchanged(self, membership: Membership) -> bool:
         return bool(getattr(membership, "unchanged", False))
+
+
+class ApiKeyCreateSerializer(StrictSerializer):
+    name = StrictCharField(min_length=1, max_length=100, help_text="What the key is for, e.g. `laptop`.")
+    expires_at = AwareDateTimeField(required=False, allow_null=True,
+                                    help_text="With its UTC offset, in the future; empty: never expires.")
+
+    def validate_name(self, value: str) -> str:
+        if has_control_characters(value):
+            raise serializers.ValidationError("Control characters are not allowed.")
+        return value
+
+    def validate_expires_at(self, value: datetime | None) -> datetime | None:
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("The expiry must be in the future.")
+        return value
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField(help_text="`active`, `expired` or `revoked`.")
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "state", "created_at", "expires_at", "revoked_at", "last_used_at"]
+        read_only_fields = fields
+
+    def get_state(self, key: ApiKey) -> str:
+        return key_state(key)
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(
+        allow_null=True,
+        help_text="The secret, in this first answer only (it is stored hashed); null in a replay.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+        read_only_fields = fields

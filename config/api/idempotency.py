@@ -191,13 +191,20 @@ def _commit_inline() -> bool:
 
 
 def _complete(record_id: int, status: int, body: Any,
-              deferred_writes: list[tuple[str, list[Any]]]) -> Response:
-    """Store the response in the claimed record (then run `deferred_writes`); the response."""
+              deferred_writes: list[tuple[str, list[Any]]],
+              redact: Callable[[Any], Any] | None = None) -> Response:
+    """Store the response in the claimed record (then run `deferred_writes`); the response.
+
+    `redact(body)`: what to store and replay instead, when the first answer holds a secret that
+    must not be kept (a new API key's): the first caller gets `body`, replays the redacted one.
+    """
     # What we store is byte-for-byte what every replay will return.
-    text, body = _stored_form(body)
+    first = _stored_form(body)[1] if redact is not None else None
+    text, body = _stored_form(redact(body) if redact is not None else body)
+    answer = Response(body if first is None else first, status=status)
     if not _postgres():  # embedded SQLite: one statement at a time
         _complete_portable(record_id, status, body, deferred_writes)
-        return Response(body, status=status)
+        return answer
     sql, params = _COMPLETE, [status, text, record_id]
     for extra_sql, extra_params in deferred_writes:
         sql, params = f"{sql}; {extra_sql}", [*params, *extra_params]
@@ -206,7 +213,7 @@ def _complete(record_id: int, status: int, body: Any,
     with connection.cursor() as cursor:
         # Client-side binding (as in _claim): the statements travel together.
         cursor.execute(sql, params)
-    return Response(body, status=status)
+    return answer
 
 
 def _in_flight(key: str) -> IdempotencyKeyInFlight:
@@ -255,13 +262,14 @@ def run_in_one_statement(request: Request, attempt: Attempt) -> Response | None:
 
 def run_idempotent(
     request: Request, effect: Effect, *, deferred_writes: list[tuple[str, list[Any]]] | None = None,
-    pass_now: bool = False,
+    pass_now: bool = False, redact: Callable[[Any], Any] | None = None,
 ) -> Response:
     """Run `effect` at most once per (caller, Idempotency-Key); replay its stored response.
 
     `deferred_writes`: statements (sql, params) the effect appended to this list; they run in
     the same transaction, in the same round trip as the record's completion (after it).
     `pass_now`: call `effect(now)` with the transaction's `now()` (read with the claim).
+    `redact`: see `_complete` (the stored and replayed body, without a secret).
 
     When this is the outermost transaction (PostgreSQL), that same round trip ends with the
     COMMIT: psycopg then finds the connection idle and Django's commit at the end of the atomic
@@ -283,7 +291,7 @@ def run_idempotent(
                         deferred_writes.clear()  # a retried attempt starts over
                     record_id, now = claimed
                     status, body = effect(now) if pass_now else effect()
-                    return _complete(record_id, status, body, deferred_writes or [])
+                    return _complete(record_id, status, body, deferred_writes or [], redact)
             # jsonb reorders keys: re-canonicalize so replays are byte-identical to the original.
             replay = json.loads(canonical_json(stored.body))
             return Response(replay, status=stored.status, headers={REPLAYED_HEADER: "true"})

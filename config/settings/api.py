@@ -82,3 +82,6 @@ API_REDIS_TIMEOUT_SECONDS = env.float("API_REDIS_TIMEOUT_SECONDS", default=1.0)
 API_KEY_CACHE_SECONDS = env.float("API_KEY_CACHE_SECONDS", default=5.0)
 # `ApiKey.last_used_at` is written at most once per this many seconds per key.
 API_KEY_TOUCH_SECONDS = env.float("API_KEY_TOUCH_SECONDS", default=60.0)
+# Usable (unrevoked, unexpired) keys a user may make for themselves in the portal or the API;
+# an admin's keys for a user (admin, `manage.py create_api_key`) are not limited.
+API_KEYS_MAX_ACTIVE_PER_USER = env.int("API_KEYS_MAX_ACTIVE_PER_USER", default=20)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from accounts.models import Organization, Project
 from audit.services import record
+from config.text import has_control_characters
 from ledger.amounts import MAX_AMOUNT
 from ledger.clock import ledger_now
 from ledger.errors import (
@@ -81,7 +81,7 @@ def reference_problem(reference: str) -> str | None:
     # Review: a refund then hit it (500); QA: in any case.
     if reference.lower().startswith(REFUND_REFERENCE_PREFIX):
         return f"References starting with {REFUND_REFERENCE_PREFIX!r} are kept for refunds of jobs."
-    if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in reference):
+    if has_control_characters(reference):
         # QA: a newline or tab in an invoice reference was accepted (statements and exports show it).
         return "A finance reference must not contain line breaks or control characters."
     return None

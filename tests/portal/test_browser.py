@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.db import connections
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -129,7 +131,7 @@ def test_pages_fit_a_phone_screen(browser: Browser, live_server: object, world: 
         base = live_server.url
         # A member, and finance staff with the dashboard link in the header (QA: its Sign out
         # button was cut off when the header had more links).
-        for user, paths in (("alice", ("/", "/orgs/acme/")), ("carol", ("/", "/dashboard/"))):
+        for user, paths in (("alice", ("/", "/orgs/acme/", "/api-keys/")), ("carol", ("/", "/dashboard/"))):
             _sign_in(page, base, user)
             for path in paths:
                 page.goto(f"{base}{path}")
@@ -140,3 +142,42 @@ def test_pages_fit_a_phone_screen(browser: Browser, live_server: object, world: 
             page.click("text=Sign out")
     finally:
         context.close()
+
+
+def _api_status(base_url: str, raw_key: str) -> int:
+    headers = {"Authorization": f"Bearer {raw_key}"}
+    return httpx.get(f"{base_url}/api/v1/api-keys", headers=headers, timeout=10).status_code
+
+
+def test_make_use_and_revoke_an_api_key(page: Page, live_server: object, world: World) -> None:
+    base = live_server.url
+    _sign_in(page, base, "alice")
+    page.click("nav >> text=API keys")
+    expect(page).to_have_url(f"{base}/api-keys/")
+    expect(page.locator("#key-rows")).to_contain_text("No keys yet.")
+    page.fill("#id_name", "notebook")
+    page.select_option("#id_lifetime", "365")
+    page.click("text=Make key")
+    secret = page.locator("#new-key")
+    expect(secret).to_have_text(re.compile(r"^gpub_[0-9a-f]+_[A-Za-z0-9_-]+$"))
+    raw = secret.text_content()
+    expect(page.locator("#key-rows tbody tr")).to_have_count(1)
+    expect(page.locator("#key-rows")).to_contain_text("Active")
+    page.screenshot(path="/tmp/portal-api-keys.png", full_page=True)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # off Playwright's loop thread
+        assert pool.submit(_api_status, base, raw).result(timeout=15) == 200
+
+    page.reload()  # a GET: the secret is not shown again
+    expect(page.locator("#new-key")).to_have_count(0)
+    page.once("dialog", lambda dialog: dialog.dismiss())  # "Cancel": nothing happens
+    page.click("[data-revoke]")
+    page.wait_for_load_state("networkidle")  # a submitted form would have been answered by now
+    expect(page.locator("#key-rows")).to_contain_text("Active")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(_api_status, base, raw).result(timeout=15) == 200
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("[data-revoke]")
+    expect(page.locator("#key-rows")).to_contain_text("Revoked")
+    expect(page.locator("[data-revoke]")).to_have_count(0)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(_api_status, base, raw).result(timeout=15) == 401

@@ -1,0 +1,107 @@
+"""The signed-in user's API keys page: list, make (the secret is shown once) and revoke.
+
+The same services as `/api/v1/api-keys` (`accounts.services.create_own_api_key`,
+`revoke_api_key`): the same limit, audit events and rules.
+"""
+
+from datetime import timedelta
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.selectors import own_api_keys
+from accounts.services import AccountsError, TooManyKeys, create_own_api_key, key_state, revoke_api_key
+from config.text import has_control_characters
+from portal.access import dashboard_scope
+
+LIFETIMES = [("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never expires")]
+
+
+class NewKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, strip=True, help_text="What the key is for, e.g. laptop or CI.")
+    lifetime = forms.ChoiceField(choices=LIFETIMES, initial="90", required=False, label="Expires in")
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if has_control_characters(name):
+            raise forms.ValidationError("Control characters are not allowed.")
+        return name
+
+    def expires_at(self) -> timezone.datetime | None:
+        days = self.cleaned_data.get("lifetime")
+        return timezone.now() + timedelta(days=int(days)) if days else None
+
+
+def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
+          status: int = 200) -> HttpResponse:
+    now = timezone.now()
+    keys = list(own_api_keys(request.user))
+    for key in keys:
+        key.state = key_state(key, now)
+    return render(request, "portal/keys.html", {
+        "form": form, "keys": keys, "new_key": new_key,
+        "can_see_dashboard": dashboard_scope(request.user) is not None,
+    }, status=status)
+
+
+# The new key's secret goes from the POST to the GET it redirects to in a signed cookie of this
+# path only, read once: it never sits in the session table, and a reload neither shows it again
+# nor (as a reload of a POST answer would) makes a second key.
+NEW_KEY_COOKIE = "gpubank_new_api_key"
+NEW_KEY_SALT = "portal.api-keys.new"
+NEW_KEY_SECONDS = 120
+
+
+def _shown_once(request: HttpRequest) -> str | None:
+    value = request.get_signed_cookie(NEW_KEY_COOKIE, default=None, salt=NEW_KEY_SALT,
+                                      max_age=NEW_KEY_SECONDS)
+    if value is None:
+        return None
+    user_id, _, raw = value.partition(":")
+    return raw if user_id == str(request.user.pk) else None
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def api_keys(request: HttpRequest) -> HttpResponse:
+    """GET: the user's keys (and a key just made, once). POST: make one, then back to the GET."""
+    if request.method == "GET":
+        new_key = _shown_once(request)
+        response = _page(request, NewKeyForm(), new_key=new_key)
+        if NEW_KEY_COOKIE in request.COOKIES:
+            response.delete_cookie(NEW_KEY_COOKIE, path=reverse("portal:api-keys"), samesite="Strict")
+        if new_key is not None:
+            response["Cache-Control"] = "no-store"  # the secret must not stay in a cache
+        return response
+    form = NewKeyForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form, status=400)
+    try:
+        _key, raw = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
+                                       expires_at=form.expires_at())
+    except (TooManyKeys, AccountsError) as error:
+        form.add_error(None, error.detail)
+        return _page(request, form, status=409 if isinstance(error, TooManyKeys) else 400)
+    response = redirect("portal:api-keys")
+    response.status_code = 303
+    response.set_signed_cookie(
+        NEW_KEY_COOKIE, f"{request.user.pk}:{raw}", salt=NEW_KEY_SALT, max_age=NEW_KEY_SECONDS,
+        path=reverse("portal:api-keys"), httponly=True, samesite="Strict",
+        secure=settings.SESSION_COOKIE_SECURE,
+    )
+    return response
+
+
+@require_POST
+@login_required
+def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
+    """Revoke one of the user's keys (someone else's is a 404), then back to the list."""
+    key = get_object_or_404(own_api_keys(request.user), pk=key_id)
+    revoke_api_key(api_key=key, actor=request.user)
+    return redirect("portal:api-keys")

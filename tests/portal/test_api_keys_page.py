@@ -1,0 +1,161 @@
+"""The API keys page (/api-keys/): a signed-in user makes a key (its secret shown on that answer
+only, never stored), sees their own keys only, revokes one (someone else's is a 404)."""
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from accounts.keys import hash_key
+from accounts.models import ApiKey
+from audit.models import AuditEvent
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def signed_in(user: Any) -> Client:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def post(client: Client, path: str, data: dict[str, str]) -> Any:
+    client.get("/api-keys/")  # sets the CSRF cookie, as a browser's first visit does
+    return client.post(path, {**data, "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+
+
+def secret_in(html: str) -> str:
+    found = re.search(r'<code id="new-key">([^<]+)</code>', html)
+    assert found, html
+    return found.group(1)
+
+
+def test_sign_in_is_required() -> None:
+    response = Client().get("/api-keys/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+def test_make_a_key_see_it_once_and_use_it() -> None:
+    user = UserFactory()
+    client = signed_in(user)
+    made = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30"})
+    assert (made.status_code, made["Location"]) == (303, "/api-keys/")  # a reload makes no second key
+    cookie = made.cookies["gpubank_new_api_key"]
+    assert (cookie["path"], cookie["httponly"], cookie["samesite"]) == ("/api-keys/", True, "Strict")
+    response = client.get("/api-keys/")
+    assert response["Cache-Control"] == "no-store"
+    raw = secret_in(response.content.decode())
+    assert response.cookies["gpubank_new_api_key"].value == ""  # deleted: shown once
+    key = ApiKey.objects.get(user=user)
+    assert (key.name, key.key_hash) == ("laptop", hash_key(raw))
+    assert abs((key.expires_at - key.created_at) - timedelta(days=30)) < timedelta(minutes=1)
+    assert AuditEvent.objects.filter(action="accounts.api_key.create", subject_id=str(key.pk),
+                                     actor_id=str(user.pk)).exists()
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert api.get("/api/v1/api-keys").json()["results"][0]["name"] == "laptop"
+
+    again = client.get("/api-keys/").content.decode()
+    assert raw not in again and 'id="new-key"' not in again
+    assert f"gpub_{key.prefix}_" in again and "laptop" in again
+
+
+def test_a_key_that_never_expires() -> None:
+    user = UserFactory()
+    assert post(signed_in(user), "/api-keys/", {"name": "ci", "lifetime": ""}).status_code == 303
+    assert ApiKey.objects.get(user=user).expires_at is None
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"name": "", "lifetime": "30"}, "This field is required."),
+    ({"name": "x" * 101, "lifetime": "30"}, "at most 100 characters"),
+    ({"name": "bell\x07", "lifetime": "30"}, "Control characters are not allowed."),
+    ({"name": "ok", "lifetime": "7"}, "Select a valid choice."),
+])
+def test_bad_input_is_shown_on_the_form_and_makes_nothing(data: dict[str, str], message: str) -> None:
+    user = UserFactory()
+    response = post(signed_in(user), "/api-keys/", data)
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not ApiKey.objects.filter(user=user).exists()
+
+
+def test_the_limit_is_shown_on_the_form(settings: Any) -> None:
+    settings.API_KEYS_MAX_ACTIVE_PER_USER = 1
+    user = UserFactory()
+    client = signed_in(user)
+    assert post(client, "/api-keys/", {"name": "one", "lifetime": "30"}).status_code == 303
+    refused = post(client, "/api-keys/", {"name": "two", "lifetime": "30"})
+    assert refused.status_code == 409
+    assert "the most allowed is 1" in refused.content.decode()
+    assert ApiKey.objects.filter(user=user).count() == 1
+
+
+def test_only_own_keys_are_listed_and_revocable() -> None:
+    owner, other = UserFactory(), UserFactory()
+    post(signed_in(other), "/api-keys/", {"name": "others-key", "lifetime": "30"})
+    theirs = ApiKey.objects.get(user=other)
+    client = signed_in(owner)
+    post(client, "/api-keys/", {"name": "mine", "lifetime": "30"})
+    mine = ApiKey.objects.get(user=owner)
+    page = client.get("/api-keys/").content.decode()
+    assert "mine" in page and "others-key" not in page and theirs.prefix not in page
+
+    assert post(client, f"/api-keys/{theirs.pk}/revoke", {}).status_code == 404
+    assert ApiKey.objects.get(pk=theirs.pk).revoked_at is None
+    response = post(client, f"/api-keys/{mine.pk}/revoke", {})
+    assert (response.status_code, response["Location"]) == (302, "/api-keys/")
+    assert ApiKey.objects.get(pk=mine.pk).revoked_at is not None
+    assert "Revoked" in client.get("/api-keys/").content.decode()
+
+
+def test_revoke_needs_a_post_with_the_csrf_token() -> None:
+    user = UserFactory()
+    client = signed_in(user)
+    post(client, "/api-keys/", {"name": "mine", "lifetime": "30"})
+    key = ApiKey.objects.get(user=user)
+    assert client.get(f"/api-keys/{key.pk}/revoke").status_code == 405
+    assert client.post(f"/api-keys/{key.pk}/revoke").status_code == 403  # no token
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None
+
+
+def test_the_secret_is_shown_only_to_the_user_who_made_it() -> None:
+    """A cookie left in a shared browser does not show one user's new key to the next user."""
+    maker, next_user = UserFactory(), UserFactory()
+    client = signed_in(maker)
+    made = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30"})
+    client.force_login(next_user)
+    client.cookies["gpubank_new_api_key"] = made.cookies["gpubank_new_api_key"].value
+    page = client.get("/api-keys/").content.decode()
+    assert 'id="new-key"' not in page
+
+
+def test_a_forged_cookie_shows_nothing() -> None:
+    user = UserFactory()
+    client = signed_in(user)
+    client.cookies["gpubank_new_api_key"] = f"{user.pk}:gpub_forged_secret"
+    assert 'id="new-key"' not in client.get("/api-keys/").content.decode()
+
+
+def test_the_portal_imports_no_money_or_scheduling_service() -> None:
+    """Decision 0014: the portal writes the user's own API keys and nothing else."""
+    import ast
+    from pathlib import Path
+
+    portal = Path(__file__).resolve().parents[2] / "portal"
+    sources = sorted(portal.rglob("*.py"))
+    assert len(sources) > 5
+    forbidden = ("ledger.services", "budgets.services", "scheduling.services", "metering.services")
+    imported: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    assert "accounts.services" in imported  # the keys page: this test reads the real imports
+    assert not [name for name in imported if name.startswith(forbidden)]
