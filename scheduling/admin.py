@@ -355,9 +355,23 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ("state", "held", "held_by_operator", "wait_reason", "priority_class")
     search_fields = ("name", "org__slug", "project__slug", "user__username")
     list_select_related = ("org", "project__org", "priority_class")
-    readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before", "funding_retry_at")
+    readonly_fields = ("wait_reason", "wait_detail", "end_reason", "not_before", "funding_retry_at",
+                       "charged", "refunded")
     inlines = (AttemptInline,)
     actions = ("cancel", "hold", "release", "refund")
+
+    @admin.display(description="charged (credits)")
+    def charged(self, job: Job) -> str:
+        """Its attempts' captures, as the API's attempts `charged` sum (QA: the page did not say)."""
+        from scheduling.selectors import job_charged
+
+        return format_credits(job_charged(job.pk))
+
+    @admin.display(description="refunded (credits)")
+    def refunded(self, job: Job) -> str:
+        from scheduling.selectors import job_refunded
+
+        return format_credits(job_refunded(job.pk))
     date_hierarchy = "submitted_at"
 
     # Finance reaches the job list to credit a job (`scheduling.refund_job`), without being able to

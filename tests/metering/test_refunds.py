@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import threading
 import time
 import uuid
@@ -161,6 +162,10 @@ def test_the_admin_action_credits_a_job(client, make_attempt, funded) -> None:
     assert refund.amount == 2_500_000 and refund.created_by == user and refund.key == f"admin:{key}"
     assert client.post(url, {**body, "reason": ""}).status_code == 200  # reason is mandatory
     assert JobRefund.objects.count() == 1
+    page = client.get(f"{url}{attempt.job_id}/change/").content.decode()
+    shown = r"{} \(credits\):</label>\s*<div class=\"readonly\">{}<"
+    assert re.search(shown.format("charged", r"4\.00"), page, re.I), "its charges"
+    assert re.search(shown.format("refunded", r"2\.50"), page, re.I), "its refunds"
     staff = UserFactory(is_staff=True)
     client.force_login(staff)
     assert client.get(url).status_code == 403
