@@ -40,6 +40,10 @@ class Budget(models.Model):
     window_end = models.DateTimeField(null=True, blank=True)
     limit = models.BigIntegerField()  # micro-credits per period
     enforcement = models.CharField(max_length=8, choices=Enforcement.choices)
+    # False for a window set before it began, until `services.open_started_windows` has counted
+    # its period from the scope's activity (as a budget set mid-window is): QA saw holds placed
+    # before the start capture inside the window uncounted under a hard limit.
+    window_opened = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     history = HistoricalRecords()
 

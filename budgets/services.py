@@ -10,7 +10,8 @@ the period current at extension); a capture moves that amount from held to spent
 in the period the hold was last counted in there; a release drops held (that period first).
 Soft budgets never reject: crossing one writes an audit alert.
 A budget set in the middle of its period starts from its scope's activity so far
-(`_seed_current_period`), not from zero.
+(`_seed_current_period`), not from zero; so does a window set before it began, once it begins
+(`open_started_windows`, beat).
 """
 
 from collections import defaultdict
@@ -416,7 +417,12 @@ def set_budget(
             setattr(budget, name, value)
         budget.save()
     if redefined:
-        _seed_current_period(budget, now=db_now())
+        now = db_now()
+        _seed_current_period(budget, now=now)
+        opened = period != BudgetPeriodKind.WINDOW or window_start <= now
+        if budget.window_opened != opened:
+            Budget.objects.filter(pk=budget.pk).update(window_opened=opened)
+            budget.window_opened = opened
     record(action="budget.set", subject_type="budget", subject_id=budget.pk, org_id=org.pk,
            amount=limit, actor_type="user" if actor is not None else "system",
            actor_id=str(actor.pk) if actor is not None else "",
@@ -424,6 +430,35 @@ def set_budget(
                  "project": project.pk if project else None, "user": user.pk if user else None})
     funds_changed.send(sender=Budget, org_id=org.pk)
     return budget, created
+
+
+def open_started_windows(*, now: datetime | None = None) -> int:
+    """Count the period of every window budget set before its window began, now that it has
+    begun, from its scope's activity (`_seed_current_period`): the holds still active (placed
+    before the window too) as held, the captures since the start as spent: what setting the
+    same budget mid-window gives (QA: holds placed before the start went on capturing inside
+    the window uncounted, and a hard limit could be overspent). Run every few seconds by beat;
+    until then (seconds) a submission counts only its own hold. Returns how many opened."""
+    due = list(Budget.objects.filter(period=BudgetPeriodKind.WINDOW, window_opened=False,
+                                     window_start__lte=now or db_now()).values_list("pk", "org_id"))
+    opened = 0
+    for budget_id, org_id in due:
+        with transaction.atomic():
+            scope_lock.own(org_id)  # as set_budget: every hold in flight commits first
+            budget = Budget.objects.select_for_update(no_key=True).filter(
+                pk=budget_id, window_opened=False).first()
+            at = db_now()
+            if budget is None or budget.window_start > at:  # opened meanwhile, or redefined
+                continue
+            period = _seed_current_period(budget, now=at)
+            Budget.objects.filter(pk=budget.pk).update(window_opened=True)
+            record(action="budget.window_opened", subject_type="budget", subject_id=budget.pk,
+                   org_id=org_id, actor_type="system", actor_id="",
+                   data={**_audited(budget), "held": period.held if period else 0,
+                         "spent": period.spent if period else 0})
+            opened += 1
+        funds_changed.send(sender=Budget, org_id=org_id)
+    return opened
 
 
 def _audited(budget: Budget) -> dict[str, Any]:

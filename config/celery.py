@@ -40,6 +40,13 @@ app.conf.beat_schedule = {
         "schedule": 3600.0,
         "options": {"expires": 3600},
     },
+    # Window budgets set before their window began are counted from their scope's activity
+    # when it begins (budgets/services.py: open_started_windows); cheap when none is due.
+    "budgets-open-windows": {
+        "task": "budgets.tasks.open_budget_windows",
+        "schedule": 5.0,
+        "options": {"expires": 5},
+    },
     # Scheduler: one pass per tick under a leader lock (a duplicate beat returns at once).
     "scheduling-tick": {
         "task": "scheduling.tasks.scheduler_tick",
