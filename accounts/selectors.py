@@ -200,3 +200,8 @@ def own_api_keys(user: AnyUser) -> QuerySet[ApiKey]:
     """The user's own API keys, newest first (revoked and expired ones too: their history)."""
     return ApiKey.objects.filter(user_id=user.pk).order_by("-id")
 
+
+def usable_api_keys(user: AnyUser, now: Any) -> QuerySet[ApiKey]:
+    """The user's keys a request could use at `now`: not revoked, not expired."""
+    return own_api_keys(user).filter(revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now))

@@ -1,12 +1,11 @@
 """Writes of the accounts app: API keys, organizations, projects, memberships, idempotency reaping."""
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from accounts.keys import hash_key, new_key
@@ -22,7 +21,7 @@ from accounts.models import (
     ProjectRole,
     Region,
 )
-from accounts.selectors import org_people
+from accounts.selectors import org_people, usable_api_keys
 from audit.services import record
 from config.clock import db_now
 from config.errors import DomainError
@@ -66,7 +65,7 @@ def check_api_key_terms(*, name: str, expires_at: datetime | None) -> None:
 
 @transaction.atomic
 def create_api_key(
-    *, user: Any, name: str, expires_at: datetime | None = None, actor: Any = None
+    *, user: Any, name: str, expires_at: datetime | None = None, actor: Any = None, via: str = ""
 ) -> tuple[ApiKey, str]:
     """Create a key for `user`; the raw key is returned once and never stored (only its hash).
 
@@ -79,7 +78,8 @@ def create_api_key(
         user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at
     )
     record(action="accounts.api_key.create", subject_type="api_key", subject_id=key.pk,
-           data={"name": name, "prefix": prefix, "user": user.pk}, **_actor(actor))
+           data={"name": name, "prefix": prefix, "user": user.pk, **({"via": via} if via else {})},
+           **_actor(actor))
     return key, raw
 
 
@@ -110,23 +110,34 @@ def key_state(key: ApiKey, now: datetime | None = None) -> str:
 
 
 @transaction.atomic
-def create_own_api_key(*, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """A key a signed-in user makes for themselves (portal, API): at most
-    `API_KEYS_MAX_ACTIVE_PER_USER` usable keys each, counted under a lock on the user's row so
-    that two concurrent requests cannot both take the last place."""
+def create_own_api_key(
+    *, user: Any, name: str, expires_at: datetime | None = None, via: str = "portal"
+) -> tuple[ApiKey, str]:
+    """A key a signed-in user makes for themselves (the portal; the API with a browser session,
+    never with another key: review, a leaked or short-lived key could mint a permanent one).
+
+    At most `API_KEYS_MAX_ACTIVE_PER_USER` usable keys and `API_KEYS_MAX_CREATED_PER_DAY` new
+    ones in 24 h each (review: create/revoke churn was unlimited), counted under a lock on the
+    user's row, re-read there, so two concurrent requests cannot both take the last place and
+    a user deactivated meanwhile makes none. `via` is recorded in the audit event."""
     check_api_key_terms(name=name, expires_at=expires_at)
-    get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
-    limit = int(settings.API_KEYS_MAX_ACTIVE_PER_USER)
+    locked = get_user_model().objects.select_for_update().filter(pk=user.pk, is_active=True).exists()
+    if not locked:
+        raise AccountsError("This account is not active.", field="user")
     now = db_now()
-    active = ApiKey.objects.filter(user=user, revoked_at__isnull=True).filter(
-        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-    ).count()
-    if active >= limit:
+    mine, active = ApiKey.objects.filter(user=user), usable_api_keys(user, now)
+    limit, per_day = int(settings.API_KEYS_MAX_ACTIVE_PER_USER), int(settings.API_KEYS_MAX_CREATED_PER_DAY)
+    if (count := active.count()) >= limit:
         raise TooManyKeys(
-            f"You have {active} active API keys, the most allowed is {limit}: revoke one you no "
-            "longer use first.", active=active, limit=limit,
+            f"You have {count} active API keys, the most allowed is {limit}: revoke one you no "
+            "longer use first.", active=count, limit=limit,
         )
-    return create_api_key(user=user, name=name, expires_at=expires_at, actor=user)
+    if (made := mine.filter(created_at__gt=now - timedelta(days=1)).count()) >= per_day:
+        raise TooManyKeys(
+            f"You made {made} API keys in the last 24 hours, the most allowed is {per_day}: try "
+            "again later.", made=made, limit=per_day,
+        )
+    return create_api_key(user=user, name=name, expires_at=expires_at, actor=user, via=via)
 
 
 @transaction.atomic

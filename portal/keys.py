@@ -15,11 +15,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.selectors import own_api_keys
+from accounts.selectors import own_api_keys, usable_api_keys
 from accounts.services import AccountsError, TooManyKeys, create_own_api_key, key_state, revoke_api_key
 from config.text import has_control_characters
 from portal.access import dashboard_scope
 
+ENDED_SHOWN = 20  # revoked or expired keys listed under the usable ones, newest first
 LIFETIMES = [("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never expires")]
 
 
@@ -41,7 +42,10 @@ class NewKeyForm(forms.Form):
 def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
           status: int = 200) -> HttpResponse:
     now = timezone.now()
-    keys = list(own_api_keys(request.user))
+    mine = own_api_keys(request.user)
+    usable = usable_api_keys(request.user, now)
+    # Review: revoked keys piled up on the page for ever; the most recent ones are enough.
+    keys = [*usable, *mine.exclude(pk__in=usable.values("pk"))[:ENDED_SHOWN]]
     for key in keys:
         key.state = key_state(key, now)
     return render(request, "portal/keys.html", {
@@ -84,7 +88,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         return _page(request, form, status=400)
     try:
         _key, raw = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
-                                       expires_at=form.expires_at())
+                                       expires_at=form.expires_at(), via="portal")
     except (TooManyKeys, AccountsError) as error:
         form.add_error(None, error.detail)
         return _page(request, form, status=409 if isinstance(error, TooManyKeys) else 400)

@@ -1,5 +1,8 @@
 """Self-service API keys: a user lists, makes and revokes their own (`/api/v1/api-keys`).
 
+Making one needs a signed-in browser session (the portal's page, or this route from it): a
+request authenticated by an API key may list and revoke, never make (decision 0014).
+
 An admin's keys for someone else stay in the admin and `manage.py create_api_key`. The secret of
 a new key is in the first answer only: the idempotency record stores the answer without it, so
 a replay says the key was made (`key: null`) and no secret is kept anywhere.
@@ -8,12 +11,13 @@ a replay says the key was made (`key: null`) and no secret is kept anywhere.
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.api.serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
+from accounts.models import ApiKey
 from accounts.selectors import own_api_keys
 from accounts.services import create_own_api_key, revoke_api_key
 from config.api.idempotency import key_of, run_idempotent
@@ -38,20 +42,33 @@ class ApiKeysView(GenericAPIView):
     @extend_schema(
         operation_id="api_keys_create", request=ApiKeyCreateSerializer,
         responses={201: ApiKeyCreatedSerializer},
-        description="Make an API key for the caller. `key` is the secret, in this answer only; a replay "
-        "of the same request answers the same key with `key: null`. At most "
-        "`API_KEYS_MAX_ACTIVE_PER_USER` usable keys (409 `too-many-api-keys`).")
+        description="Make an API key for the caller, from a signed-in browser session only (a request "
+        "authenticated by an API key is 403: a key cannot make keys). `key` is the secret, in this answer "
+        "only; a replay of the same request answers the same key as it was made, with `key: null` (if "
+        "the first answer was lost, revoke that `id` and make another). At most "
+        "`API_KEYS_MAX_ACTIVE_PER_USER` usable keys and `API_KEYS_MAX_CREATED_PER_DAY` new ones a day "
+        "(409 `too-many-api-keys`).")
     def post(self, request: Request) -> Response:
         key_of(request)
+        if isinstance(request.auth, ApiKey):
+            # Review: a leaked, short-lived or just-revoked key could mint a key that never
+            # expires and outlives its revocation. Keys are made by a person, signed in.
+            raise PermissionDenied(
+                "An API key cannot make API keys: make one in the browser, signed in, at /api-keys/ "
+                "(or with this route from a signed-in browser session)."
+            )
         body = ApiKeyCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         name, expires_at = body.validated_data["name"], body.validated_data.get("expires_at")
 
         def effect() -> tuple[int, Any]:
-            api_key, raw = create_own_api_key(user=request.user, name=name, expires_at=expires_at)
+            api_key, raw = create_own_api_key(user=request.user, name=name, expires_at=expires_at,
+                                              via="api-session")
             return 201, {**ApiKeySerializer(api_key).data, "key": raw}
 
-        return run_idempotent(request, effect, redact=_without_secret)
+        response = run_idempotent(request, effect, redact=_without_secret)
+        response["Cache-Control"] = "no-store"  # the first answer holds the secret
+        return response
 
 
 class ApiKeyRevokeView(GenericAPIView):

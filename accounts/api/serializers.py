@@ -3,6 +3,7 @@
 from datetime import datetime
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.models import (
@@ -132,7 +133,9 @@ class MembershipSerializer(ProjectMemberSerializer):
 
 
 class ApiKeyCreateSerializer(StrictSerializer):
-    name = StrictCharField(min_length=1, max_length=100, help_text="What the key is for, e.g. `laptop`.")
+    name = StrictCharField(min_length=1, max_length=100,
+                           help_text="What the key is for, e.g. `laptop`; no control or format characters "
+                           "(Unicode Cc, Cf, Zl, Zp), which are a 400.")
     expires_at = AwareDateTimeField(required=False, allow_null=True,
                                     help_text="With its UTC offset, in the future; empty: never expires.")
 
@@ -155,6 +158,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "prefix", "state", "created_at", "expires_at", "revoked_at", "last_used_at"]
         read_only_fields = fields
 
+    @extend_schema_field(serializers.ChoiceField(choices=["active", "expired", "revoked"]))
     def get_state(self, key: ApiKey) -> str:
         return key_state(key)
 

@@ -1,6 +1,7 @@
-"""Self-service API keys (`/api/v1/api-keys`): a user lists, makes and revokes their own keys;
-the secret is in the first answer only, never stored (not even for replays); someone else's
-key is a 404; at most API_KEYS_MAX_ACTIVE_PER_USER usable keys, also under concurrency."""
+"""Self-service API keys (`/api/v1/api-keys`): a user lists, makes (signed in, never with another
+key) and revokes their own keys; the secret is in the first answer only, never stored (not even
+for replays); someone else's key is a 404; at most API_KEYS_MAX_ACTIVE_PER_USER usable keys (also
+under concurrency) and API_KEYS_MAX_CREATED_PER_DAY new ones a day."""
 
 import json
 import uuid
@@ -8,11 +9,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.keys import hash_key
 from accounts.models import ApiKey, IdempotencyRecord
+from accounts.services import AccountsError, create_api_key, create_own_api_key
 from audit.models import AuditEvent
 from tests.api.concurrency import run_concurrently
 from tests.api.conftest import client_for
@@ -30,6 +33,13 @@ def revoke(client: APIClient, key_id: int, body: Any = None) -> Any:
                        HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
 
 
+def signed_in(user: Any) -> APIClient:
+    """A browser session's calls (the portal's), which may make keys."""
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
 def bearer(raw: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
@@ -38,10 +48,12 @@ def bearer(raw: str) -> APIClient:
 
 def test_a_new_key_works_and_its_secret_is_shown_once_and_never_stored() -> None:
     user = UserFactory()
-    client = client_for(user)
+    client_for(user)
+    client = signed_in(user)
     expires = (timezone.now() + timedelta(days=30)).replace(microsecond=0)
     response = make(client, {"name": "laptop", "expires_at": expires.isoformat()}, key="k-1")
     assert response.status_code == 201, response.json()
+    assert response["Cache-Control"] == "no-store"
     made = response.json()
     raw = made["key"]
     assert raw.startswith("gpub_") and made["prefix"] and raw.startswith(f"gpub_{made['prefix']}_")
@@ -57,7 +69,7 @@ def test_a_new_key_works_and_its_secret_is_shown_once_and_never_stored() -> None
     record = IdempotencyRecord.objects.get(principal=f"user:{user.pk}", key="k-1")
     assert raw not in json.dumps(record.response_body) and record.response_body["key"] is None
     event = AuditEvent.objects.get(action="accounts.api_key.create", subject_id=str(made["id"]))
-    assert (event.actor_id, event.data["user"]) == (str(user.pk), user.pk)
+    assert (event.actor_id, event.data["user"], event.data["via"]) == (str(user.pk), user.pk, "api-session")
     assert raw not in json.dumps(event.data)
 
 
@@ -80,7 +92,7 @@ def test_the_list_is_the_callers_own_keys_newest_first_with_their_state() -> Non
 def test_revoking_a_key_stops_it_at_once_and_is_audited() -> None:
     user = UserFactory()
     client = client_for(user)
-    made = make(client, {"name": "ci"}).json()
+    made = make(signed_in(user), {"name": "ci"}).json()
     response = revoke(client, made["id"])
     assert response.status_code == 200, response.json()
     assert response.json()["state"] == "revoked"
@@ -102,8 +114,7 @@ def test_a_key_can_revoke_itself() -> None:
 
 def test_someone_elses_key_is_not_found_and_stays_usable() -> None:
     owner, intruder = UserFactory(), UserFactory()
-    owner_client = client_for(owner)
-    theirs = make(owner_client, {"name": "theirs"}).json()
+    theirs = make(signed_in(owner), {"name": "theirs"}).json()
     response = revoke(client_for(intruder), theirs["id"])
     assert response.status_code == 404 and response.json()["detail"] == "No such API key."
     assert ApiKey.objects.get(pk=theirs["id"]).revoked_at is None
@@ -123,8 +134,8 @@ def test_someone_elses_key_is_not_found_and_stays_usable() -> None:
 ])
 def test_bad_input_is_a_400_naming_the_field_and_makes_nothing(body: dict[str, Any], field: str) -> None:
     user = UserFactory()
-    client = client_for(user)
-    response = make(client, body)
+    client_for(user)
+    response = make(signed_in(user), body)
     assert response.status_code == 400, response.json()
     assert field in response.json()["errors"], response.json()
     assert ApiKey.objects.filter(user=user).count() == 1
@@ -137,7 +148,7 @@ def test_revoke_takes_no_body_and_no_query() -> None:
     assert revoke(client, own.pk, {"now": True}).status_code == 400
     response = client.post(f"/api/v1/api-keys/{own.pk}/revoke?force=1", HTTP_IDEMPOTENCY_KEY="q")
     assert response.status_code == 400
-    missing = client.post("/api/v1/api-keys", {"name": "x"}, format="json")
+    missing = signed_in(user).post("/api/v1/api-keys", {"name": "x"}, format="json")
     assert (missing.status_code, missing.json()["type"]) == (400, "idempotency-key-missing")
     assert ApiKey.objects.get(user=user).revoked_at is None
     assert ApiKey.objects.filter(user=user).count() == 1
@@ -146,7 +157,8 @@ def test_revoke_takes_no_body_and_no_query() -> None:
 def test_at_most_the_limit_of_usable_keys(settings: Any) -> None:
     settings.API_KEYS_MAX_ACTIVE_PER_USER = 3
     user = UserFactory()
-    client = client_for(user)  # 1 active
+    client_for(user)  # 1 active
+    client = signed_in(user)
     ApiKey.objects.create(user=user, name="expired", prefix="gpub_exp0001", key_hash="x",
                           expires_at=timezone.now() - timedelta(days=1))  # does not count
     assert make(client, {"name": "two"}).status_code == 201
@@ -163,12 +175,12 @@ def test_at_most_the_limit_of_usable_keys(settings: Any) -> None:
 def test_concurrent_requests_cannot_pass_the_limit(settings: Any) -> None:
     settings.API_KEYS_MAX_ACTIVE_PER_USER = 4
     user = UserFactory()
-    raw = client_for(user)._credentials["HTTP_AUTHORIZATION"]
+    client_for(user)
 
     def attempt(index: int) -> Any:
+        client = signed_in(user)
+
         def call() -> int:
-            client = APIClient()
-            client.credentials(HTTP_AUTHORIZATION=raw)
             return make(client, {"name": f"k{index}"}).status_code
         return call
 
@@ -181,8 +193,43 @@ def test_expiry_in_the_list_is_exact() -> None:
     user = UserFactory()
     client = client_for(user)
     soon = timezone.now() + timedelta(seconds=1)
-    made = make(client, {"name": "short", "expires_at": soon.isoformat()}).json()
+    made = make(signed_in(user), {"name": "short", "expires_at": soon.isoformat()}).json()
     ApiKey.objects.filter(pk=made["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
     rows = {row["id"]: row["state"] for row in client.get("/api/v1/api-keys").json()["results"]}
     assert rows[made["id"]] == "expired"
     assert bearer(made["key"]).get("/api/v1/api-keys").status_code == 401
+
+
+def test_a_key_cannot_make_keys() -> None:
+    """Review: a leaked, short-lived or just-revoked key minted a key that never expires and
+    outlived its revocation."""
+    user = UserFactory()
+    short, raw = create_api_key(user=user, name="ci", expires_at=timezone.now() + timedelta(hours=1))
+    refused = make(bearer(raw), {"name": "laptop"})
+    assert refused.status_code == 403
+    assert "An API key cannot make API keys" in refused.json()["detail"]
+    assert list(ApiKey.objects.filter(user=user)) == [short]
+    assert bearer(raw).get("/api/v1/api-keys").status_code == 200  # it may still list and revoke
+
+
+def test_a_deactivated_user_makes_no_key() -> None:
+    user = UserFactory()
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    with pytest.raises(AccountsError, match="not active"):
+        create_own_api_key(user=user, name="late")
+    assert not ApiKey.objects.filter(user=user).exists()
+
+
+def test_at_most_so_many_new_keys_a_day_revoked_ones_too(settings: Any) -> None:
+    settings.API_KEYS_MAX_ACTIVE_PER_USER = 1
+    settings.API_KEYS_MAX_CREATED_PER_DAY = 3
+    user = UserFactory()
+    client = signed_in(user)
+    for n in range(3):
+        made = make(client, {"name": f"churn-{n}"})
+        assert made.status_code == 201, made.json()
+        revoke(client, made.json()["id"])
+    refused = make(client, {"name": "one more"})
+    assert refused.status_code == 409 and "3 API keys in the last 24 hours" in refused.json()["detail"]
+    ApiKey.objects.filter(user=user).update(created_at=timezone.now() - timedelta(days=1, minutes=1))
+    assert make(client, {"name": "next day"}).status_code == 201
