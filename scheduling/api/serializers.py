@@ -3,6 +3,7 @@
 import re
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -347,6 +348,11 @@ class JobPrioritySerializer(serializers.Serializer):
     funding_retry_at = serializers.DateTimeField(
         allow_null=True,
         help_text="When a job whose hold was refused is tried again (sooner if money arrives).")
+    price_capped_until = serializers.DateTimeField(
+        allow_null=True,
+        help_text="A job whose hold could not be topped up for a dearer GPU type's price (it waits "
+        "`budget`) stays in the queue but is placed only on the types its hold covers until then "
+        "(sooner if money arrives); null otherwise.")
     priority = serializers.FloatField(allow_null=True, help_text="In class steps; the sum of `terms`.")
     priority_class = serializers.CharField()
     terms = PriorityTermsSerializer(allow_null=True)
@@ -363,13 +369,18 @@ def _level(level: Any) -> dict[str, Any]:
             "level_fair_share": None if fair == float("inf") else fair}
 
 
+def _future(moment: Any) -> Any:
+    return moment if moment is not None and moment > timezone.now() else None
+
+
 def render_job_priority(found: Any) -> dict[str, Any]:
     """`JobPrioritySerializer` data for a `scheduling.selectors.JobStanding`."""
     job, standing = found.job, found.standing
     body: dict[str, Any] = {
         "job": job.pk, "computed_at": found.computed_at, "position": None,
         "queue_length": found.queue_length, "not_before": job.not_before,
-        "funding_retry_at": job.funding_retry_at, "priority": None,
+        "funding_retry_at": job.funding_retry_at, "price_capped_until": _future(job.price_capped_until),
+        "priority": None,
         "priority_class": job.priority_class.name, "terms": None, "fair_share": None,
         "wall_seconds": None, "waited_seconds": None, "wait_reason": job.wait_reason,
         "wait_detail": job.wait_detail,

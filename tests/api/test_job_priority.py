@@ -182,3 +182,24 @@ def test_a_job_waiting_for_its_funding_retry_is_answered_from_the_cached_orderin
         assert (body["position"], body["wait_reason"]) == (None, "budget")
     assert orderings == []
     assert body["funding_retry_at"] is not None and body["not_before"] is None
+
+
+def test_a_price_capped_job_says_until_when(api: APIClient, job_body: dict[str, Any]) -> None:
+    """QA: a job waiting `budget` after a refused top-up for a dearer type showed position 1 and
+    no time, while the docs spoke of `funding_retry_at`: it stays in the queue (placed only on the
+    types its hold covers) until `price_capped_until`, which the answer now gives."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.models import Job
+
+    job = submit(api, job_body)
+    until = timezone.now() + timedelta(seconds=60)
+    Job.objects.filter(pk=job).update(wait_reason="budget", wait_detail="Could not top up",
+                                      price_capped_until=until)
+    body = priority(api, job)
+    assert body["position"] == 1 and body["funding_retry_at"] is None
+    assert body["price_capped_until"] == until.isoformat().replace("+00:00", "Z")
+    Job.objects.filter(pk=job).update(price_capped_until=timezone.now() - timedelta(seconds=1))
+    assert priority(api, job)["price_capped_until"] is None  # past: no longer capped
