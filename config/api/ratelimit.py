@@ -112,16 +112,16 @@ def _refuse(spec: str, kind: str, scope: str, item: RateLimitItem, ids: tuple[st
     reset_at, _remaining = _limiter(settings.REDIS_URL).get_window_stats(item, *ids)
     retry_after = max(1, math.ceil(reset_at - time.time()))
     return RateLimited(
-        f"Rate limit {spec} per {kind} exceeded for {scope}; retry in {retry_after}s.",
+        f"Rate limit {spec} per {'user' if kind == 'key' else kind} exceeded for {scope}; "
+        f"retry in {retry_after}s.",
         retry_after=retry_after, scope=scope, limit=spec,
     )
 
 
 def principal_identity(request: Request) -> str:
-    """The rate-limit identity of a caller: its API key, else its user (session)."""
-    auth = request.auth
-    if auth is not None and hasattr(auth, "pk"):
-        return f"key:{auth.pk}"
+    """The rate-limit identity of a caller: its user, whichever of their API keys or their browser
+    session it comes with (review: limits counted per key, so a user who made more keys got that
+    many times the limit). The settings still call this level `key`."""
     return f"user:{request.user.pk}"
 
 
@@ -131,7 +131,7 @@ def enforce_org_limit(request: Request, *, org_id: int, scope: str) -> None:
 
 
 class ApiKeyRateThrottle(BaseThrottle):
-    """DRF throttle: per API key (or session user), scope from the view's `rate_limit_scope`."""
+    """DRF throttle: per user (all their keys and session), scope from the view's `rate_limit_scope`."""
 
     def allow_request(self, request: Request, view: Any) -> bool:
         if not request.user or not request.user.is_authenticated:

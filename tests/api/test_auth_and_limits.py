@@ -149,10 +149,15 @@ def test_submission_key_limit_charges_refused_requests_and_not_the_org(
     assert bad.status_code == 400  # refused before the gate: still charged to the key
     assert api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="a").status_code == 201
     response = api.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="b")
-    assert response.status_code == 429 and "per key" in response.json()["detail"]
-    # The key's refusal charged no org slot: another key of the org still gets the last one.
+    assert response.status_code == 429 and "per user" in response.json()["detail"]
     from tests.api.conftest import client_for
-    other = client_for(tenant.user)
+    # Another key of the same user shares the user's limit (review: each key had its own, so a
+    # user who made more keys got that many times the limit).
+    same_user = client_for(tenant.user)
+    response = same_user.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="s")
+    assert response.status_code == 429 and "per user" in response.json()["detail"]
+    # The user's refusals charged no org slot: another user of the org still gets the last one.
+    other = client_for(tenant.admin)
     assert other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="c").status_code == 201
     response = other.post("/api/v1/jobs", job_body(), format="json", HTTP_IDEMPOTENCY_KEY="d")
     assert response.status_code == 429 and "per org" in response.json()["detail"]
