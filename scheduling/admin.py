@@ -168,6 +168,8 @@ class NodeForm(forms.ModelForm):
         end = cleaned.get("maintenance_until")
         if end is not None and any(f in self.changed_data for f in window) and end <= timezone.now():
             self.add_error("maintenance_until", "This window has already ended: plan one that ends later.")
+            # add_error dropped the end: Node.clean would then say the window had none (QA).
+            cleaned["maintenance_until"] = end
         return cleaned
 
 
