@@ -18,11 +18,13 @@ from accounts.models import (
     Region,
 )
 from accounts.services import AccountsError, check_api_key_terms, create_api_key, revoke_api_key
+from config.audited_admin import AuditedSettingAdmin
 from config.history_admin import ViewOnlyHistoryAdmin
 
 
 @admin.register(Region)
-class RegionAdmin(ViewOnlyHistoryAdmin):
+class RegionAdmin(AuditedSettingAdmin):
+    audit_action = "accounts.region"  # nodes and wallets live in regions
     list_display = ("code", "name")
     search_fields = ("code", "name")
 

@@ -16,8 +16,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import Exists, Model, OuterRef, Q, QuerySet
-from django.http import Http404
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied
 
 from accounts.models import ApiKey, Membership, Organization, OrgMembership, OrgRole, Project
 from config import prepared
@@ -88,14 +87,14 @@ def org_role(user: AnyUser, org_id: int) -> str | None:
 def get_visible_org(user: AnyUser, org_id: int) -> Organization:
     org = visible_orgs(user).filter(pk=org_id).first()
     if org is None:
-        raise Http404("No such organization.")
+        raise NotFound("No such organization.")
     return org
 
 
 def get_visible_project(user: AnyUser, project_id: int) -> Project:
     project = visible_projects(user).select_related("org").filter(pk=project_id).first()
     if project is None:
-        raise Http404("No such project.")
+        raise NotFound("No such project.")
     return project
 
 
@@ -130,11 +129,11 @@ def get_visible_project_for_submit(user: AnyUser, project_id: int) -> Project:
     # Prepared: planning this join cost ~4x running it.
     row = prepared.execute(sql, [user.pk, user.pk, project_id])
     if row is None:
-        raise Http404("No such project.")
+        raise NotFound("No such project.")
     n = len(project_fields)
     org_level, project_level = row[-2], row[-1]
     if not (is_finance(user) or org_level is not None or project_level is not None):
-        raise Http404("No such project.")
+        raise NotFound("No such project.")
     project = Project.from_db(connection.alias, project_fields, row[:n])
     org = Organization.from_db(connection.alias, org_fields, row[n:n + len(org_fields)])
     Project._meta.get_field("org").set_cached_value(project, org)

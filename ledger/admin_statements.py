@@ -15,14 +15,14 @@ from ledger.api.csv_renderer import StatementCsvRenderer
 from ledger.api.serializers import StatementSerializer
 from ledger.clock import ledger_now
 from ledger.money import format_credits
-from ledger.statements import MONTH_PATTERN, org_statement
+from ledger.statements import MONTH_MESSAGE, MONTH_PATTERN, org_statement
 
 
 class StatementForm(forms.Form):
     org = forms.ModelChoiceField(queryset=Organization.objects.order_by("slug"), label="Organization")
     month = forms.RegexField(regex=MONTH_PATTERN, required=False,
                              help_text="YYYY-MM (UTC); empty: the month in progress",
-                             error_messages={"invalid": "A month looks like 2026-11."})
+                             error_messages={"invalid": MONTH_MESSAGE})
 
 
 def statement_view(request: HttpRequest, admin_context: dict[str, Any]) -> HttpResponse:

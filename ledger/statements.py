@@ -89,12 +89,13 @@ class Statement:
 
 MONTH_PATTERN = r"^[0-9]{4}-[0-9]{2}\Z"  # ASCII digits only (str.isdigit also takes full-width ones)
 MONTH = re.compile(MONTH_PATTERN)
+MONTH_MESSAGE = "A month as YYYY-MM, e.g. 2026-11."
 
 
 def parse_month(month: str) -> tuple[datetime, datetime]:
     """`YYYY-MM` -> [first instant, first instant of the next month), UTC. ValueError if malformed."""
     if not MONTH.match(month):
-        raise ValueError("A month looks like 2026-11.")
+        raise ValueError(MONTH_MESSAGE)
     year, number = int(month[:4]), int(month[5:])
     if not (1 <= number <= 12 and 2000 <= year <= 9998):
         raise ValueError(f"{month} is not a month this ledger can have.")

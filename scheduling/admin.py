@@ -1,6 +1,7 @@
 """Admin for the fleet (GPU types and prices, nodes, priority classes, quotas) and, read-only, for
 jobs, attempts, allocations and scheduler passes. Writes that matter go through services: node tokens
-(`issue_node_token`) and cancellation (`cancel_job`); configuration edits are kept by simple-history."""
+(`issue_node_token`) and cancellation (`cancel_job`); configuration edits are kept by simple-history
+and audited (config.audited_admin)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from config.audited_admin import AuditedSettingAdmin, audit_setting
 from config.errors import DomainError
-from config.history_admin import ViewOnlyHistoryAdmin
 from config.readonly_admin import ReadOnlyAdminMixin
 from ledger.errors import InvalidExpiry
 from ledger.money import format_credits
@@ -98,20 +99,9 @@ class GpuPriceInline(admin.TabularInline):
         return False
 
 
-def audit_setting(request: HttpRequest, action: str, obj: Any, verb: str, subject_id: Any,
-                  data: dict[str, Any]) -> None:
-    """`<action>.<verb>` (e.g. `sched.price.added`) by the request's user, with what changed."""
-    from audit.models import AuditEvent
-    from audit.services import record
-
-    record(action=f"{action}.{verb}", subject_type=obj._meta.model_name,
-           subject_id=subject_id, org_id=getattr(obj, "org_id", None),
-           actor_type=AuditEvent.ActorType.USER, actor_id=str(request.user.pk), reason_code=verb,
-           data={"object": str(obj), **data})
-
-
 @admin.register(GpuType)
-class GpuTypeAdmin(ViewOnlyHistoryAdmin):
+class GpuTypeAdmin(AuditedSettingAdmin):
+    audit_action = "sched.gpu_type"
     list_display = ("name", "memory_gb")
     search_fields = ("name",)
     inlines = (GpuPriceInline,)
@@ -125,36 +115,6 @@ class GpuTypeAdmin(ViewOnlyHistoryAdmin):
                           "price_per_gpu_hour": str(price.price_per_gpu_hour),
                           "effective_from": str(price.effective_from)}
                 audit_setting(request, "sched.price", price, "added", price.pk, {"fields": fields})
-
-
-class AuditedSettingAdmin(ViewOnlyHistoryAdmin):
-    """Operator settings the scheduler obeys (GPU prices, quotas): each addition, change and
-    deletion is an audit event with who did it and what changed, so a `quota` wait or a price can
-    be traced to its author in the audit trail, not only in the object's history page (QA)."""
-
-    audit_action = ""  # e.g. "sched.quota": events "sched.quota.added|changed|deleted"
-
-    def _audit(self, request: HttpRequest, obj: Any, verb: str, subject_id: Any,
-               data: dict[str, Any]) -> None:
-        audit_setting(request, self.audit_action, obj, verb, subject_id, data)
-
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        old = type(obj).objects.filter(pk=obj.pk).first() if change else None
-        super().save_model(request, obj, form, change)
-        changed = {name: str(form.cleaned_data.get(name)) for name in form.changed_data}
-        data: dict[str, Any] = {"fields": changed}
-        if old is not None:  # QA: a change recorded only the new values (as shown, not as ids)
-            data["before"] = {name: str(getattr(old, name)) for name in form.changed_data}
-        self._audit(request, obj, "changed" if change else "added", obj.pk, data)
-
-    def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        subject_id = obj.pk
-        super().delete_model(request, obj)
-        self._audit(request, obj, "deleted", subject_id, {})
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        for obj in queryset:
-            self.delete_model(request, obj)
 
 
 @admin.register(GpuPrice)
@@ -208,13 +168,20 @@ class NodeForm(forms.ModelForm):
         end = cleaned.get("maintenance_until")
         if end is not None and any(f in self.changed_data for f in window) and end <= timezone.now():
             self.add_error("maintenance_until", "This window has already ended: plan one that ends later.")
+            # add_error dropped the end: Node.clean would then say the window had none (QA).
+            cleaned["maintenance_until"] = end
         return cleaned
 
 
 @admin.register(Node)
-class NodeAdmin(ViewOnlyHistoryAdmin):
+class NodeAdmin(AuditedSettingAdmin):
     """`state` is health (heartbeats and the silence sweep keep it; read-only here); an operator
-    drains a node or takes it out of service with `cordon`, which heartbeats never undo."""
+    drains a node or takes it out of service with `cordon`, which heartbeats never undo. Added,
+    changed and deleted nodes are audited (`sched.node.added|changed|deleted`); a change of the
+    cordon or the maintenance window has its own event (`sched.node.cordon|maintenance`)."""
+
+    audit_action = "sched.node"
+    audited_apart = ("cordon", "maintenance_from", "maintenance_until")
 
     list_display = ("name", "region", "gpu_type", "gpu_count", "state", "cordon", "maintenance_from",
                     "maintenance_until", "ib_group", "last_heartbeat_at")
@@ -238,6 +205,11 @@ class NodeAdmin(ViewOnlyHistoryAdmin):
         return fields
 
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        old = self.saved_before(obj, change)
+        self._save_node(request, obj, form, change)
+        self.audit_save(request, obj, form, old)
+
+    def _save_node(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
         window = ("maintenance_from", "maintenance_until")
         if change and any(f in form.changed_data for f in window):
             from audit.models import AuditEvent

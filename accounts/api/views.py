@@ -2,9 +2,7 @@
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,7 +16,6 @@ from accounts.api.serializers import (
     ProjectMemberSerializer,
     ProjectSerializer,
 )
-from accounts.models import Region
 from accounts.selectors import (
     get_visible_org,
     get_visible_project,
@@ -53,21 +50,9 @@ class OrgListCreateView(GenericAPIView):
     def post(self, request: Request) -> Response:
         key_of(request)
         require_finance(request.user)
-        body = OrganizationCreateSerializer(data=request.data)
+        body = OrganizationCreateSerializer(data=request.data)  # finds the home region and the owner
         body.is_valid(raise_exception=True)
         data = dict(body.validated_data)
-        if "home_region" in data:
-            region = Region.objects.filter(code=data["home_region"]).first()
-            if region is None:
-                raise ValidationError({"home_region": ["Unknown region."]})
-            data["home_region"] = region
-        if "owner" in data:
-            owner = get_user_model().objects.filter(username=data["owner"], is_active=True).first()
-            if owner is None:
-                # A field of the body, not the route's object: 400 naming it (QA: an Http404 here
-                # was answered "Not found." and the message lost).
-                raise ValidationError({"owner": ["No such active user to make owner."]})
-            data["owner"] = owner
 
         def effect() -> tuple[int, Any]:
             org = create_organization(actor=request.user, **data)

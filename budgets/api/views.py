@@ -7,7 +7,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
 from rest_framework.generics import GenericAPIView
@@ -58,7 +57,7 @@ class _BudgetView(GenericAPIView, ABC):
         user = self.member(request, project, **kwargs)
         budget = Budget.objects.filter(org=org, project=project, user=user).first()
         if budget is None:
-            raise Http404("No budget at this level.")
+            raise NotFound("No budget at this level.")
         return Response(_render(budget))
 
     def _put(self, request: Request, **kwargs: Any) -> Response:

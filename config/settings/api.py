@@ -27,6 +27,11 @@ SPECTACULAR_SETTINGS = {
     "details; every mutating route needs an Idempotency-Key header (see docs/api.md).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/docs/ loads Swagger UI from drf-spectacular-sidecar's static files (pinned in
+    # requirements.txt), never from a CDN: it works offline and runs no unpinned third-party script.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -16,7 +16,7 @@ from config.api.serializers import (
 from ledger.clock import ledger_now
 from ledger.models import BucketKind, BucketSource, LedgerTransaction, Posting, TransactionKind
 from ledger.services.issuance import reference_problem
-from ledger.statements import MONTH_PATTERN
+from ledger.statements import MONTH_MESSAGE, MONTH_PATTERN
 
 
 class AmountsSerializer(serializers.Serializer):
@@ -185,7 +185,7 @@ class BucketSerializer(BucketBalanceSerializer):
 
 
 class StatementQuerySerializer(StrictQuerySerializer):
-    month = serializers.RegexField(MONTH_PATTERN, required=False,
+    month = serializers.RegexField(MONTH_PATTERN, required=False, error_messages={"invalid": MONTH_MESSAGE},
                                    help_text="YYYY-MM (UTC); default: the month in progress.")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False,
                                      help_text="csv: the statement as a spreadsheet (or Accept: text/csv).")

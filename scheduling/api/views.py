@@ -7,9 +7,8 @@ from typing import Any
 
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.http import Http404
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -90,7 +89,7 @@ def visible_jobs(user: Any) -> QuerySet[Job]:
 def get_visible_job(user: Any, job_id: int) -> Job:
     job = visible_jobs(user).filter(pk=job_id).first()
     if job is None:
-        raise Http404("No such job.")
+        raise NotFound("No such job.")
     return job
 
 
@@ -203,7 +202,7 @@ class JobDetailView(GenericAPIView):
         jobs = with_refunded(visible_jobs(request.user)).prefetch_related(*ATTEMPT_DETAIL)
         job = jobs.filter(pk=job_id).first()
         if job is None:
-            raise Http404("No such job.")
+            raise NotFound("No such job.")
         return Response(JobDetailSerializer(job).data)
 
 

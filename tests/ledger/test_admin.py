@@ -209,7 +209,7 @@ def test_finance_reads_an_orgs_monthly_statement_and_downloads_it(finance_client
     csv_file = finance_client.get(url, {"org": org.pk, "month": month, "format": "csv"})
     assert csv_file["Content-Type"].startswith("text/csv")
     assert b"closing balance" in csv_file.content and str(7 * MICRO).encode() in csv_file.content
-    assert b"A month looks like" in finance_client.get(url, {"org": org.pk, "month": "11/2026"}).content
+    assert b"A month as YYYY-MM" in finance_client.get(url, {"org": org.pk, "month": "11/2026"}).content
     # QA: an org without a month asked for one; it is the month in progress, as in the API.
     assert finance_client.get(url, {"org": org.pk}).context["statement"]["month"] == month
     staff = Client()

@@ -319,3 +319,13 @@ def test_a_bucket_finance_closed_says_so(world: World) -> None:
     row = _bucket_row_html(_panel_html(html, "org-acme"), bucket.pk)
     assert "closed by finance" in row
     assert "closed by finance" not in _bucket_row_html(_panel_html(html, "org-acme"), world.paid.pk)
+
+
+def test_a_user_in_no_org_is_told_who_can_add_them() -> None:
+    """QA: the page said "Ask an organization owner to add you", which no owner can do: the API adds
+    to projects only people already in the org; a first membership is given by staff in the admin."""
+    from tests.factories import UserFactory
+
+    html = _client(UserFactory()).get("/").content.decode()
+    assert "Ask an organization owner" not in html
+    assert "platform's administrators" in html

@@ -433,3 +433,19 @@ def test_cancelling_a_job_that_is_already_cancelled_says_so(staff: Client, fleet
                      "1 job cancelled (a running one stops first)."]
     queued.refresh_from_db()
     assert queued.state == JobState.CANCELLED
+
+
+def test_a_window_wholly_in_the_past_gets_one_error(staff: Client, fleet: dict[str, Any]) -> None:
+    """QA: 2020-01-01 to 2020-01-02 was also told "needs both a start and an end" (the form's own
+    error took the end out of what the model's check saw)."""
+    node = fleet["node"]
+    form = {"name": node.name, "region": node.region_id, "gpu_type": node.gpu_type_id, "gpu_count": 8,
+            "nvlink_domain": "", "ib_group": node.ib_group, "cordon": "",
+            "maintenance_from_0": "2020-01-01", "maintenance_from_1": "00:00",
+            "maintenance_until_0": "2020-01-02", "maintenance_until_1": "00:00",
+            "allocations-TOTAL_FORMS": 0, "allocations-INITIAL_FORMS": 0}
+    response = staff.post(reverse("admin:scheduling_node_change", args=[node.pk]), form)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors == {"maintenance_until": ["This window has already ended: plan one that ends later."]}
+    assert Node.objects.get(pk=node.pk).maintenance_until is None  # nothing saved
