@@ -155,6 +155,9 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+API_KEY_STATES = ("active", "expired", "revoked")  # what a request with the key would meet
+
+
 class ApiKey(models.Model):
     """A named, revocable, expirable API key; only its SHA-256 is stored."""
 

@@ -40,3 +40,17 @@ class BudgetBeingSet(DomainError):
 
     def __init__(self) -> None:
         super().__init__("A budget of this organization is being set; the hold is tried again shortly.")
+
+
+class WindowOpening(BudgetBeingSet):
+    """A hard window budget has begun but is not counted yet (`open_started_windows`, beat): a
+    new hold is refused for those seconds rather than checked against a partial count."""
+
+    type = "budget-window-opening"
+
+    def __init__(self, *, level: str, budget_id: int) -> None:
+        DomainError.__init__(
+            self, f"The {level} budget's window has just begun and is being counted; retry in a few "
+            "seconds.", level=level, budget_id=budget_id, retry_after=5,
+        )
+        self.retry_after = 5  # the Retry-After header (config/api/exceptions.py)

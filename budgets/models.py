@@ -43,7 +43,7 @@ class Budget(models.Model):
     # False for a window set before it began, until `services.open_started_windows` has counted
     # its period from the scope's activity (as a budget set mid-window is): QA saw holds placed
     # before the start capture inside the window uncounted under a hard limit.
-    window_opened = models.BooleanField(default=True)
+    window_opened = models.BooleanField(default=True, db_default=True)  # db_default: rolling deploys
     created_at = models.DateTimeField(auto_now_add=True)
     history = HistoricalRecords()
 

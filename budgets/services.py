@@ -26,7 +26,7 @@ from django.db.models import Case, F, IntegerField, Q, Sum, Value, When
 from accounts.models import Organization, Project
 from audit.services import record
 from budgets import scope_lock
-from budgets.errors import BudgetBeingSet, BudgetExceeded, InvalidBudget
+from budgets.errors import BudgetBeingSet, BudgetExceeded, InvalidBudget, WindowOpening
 from budgets.models import (
     Budget,
     BudgetCharge,
@@ -146,11 +146,19 @@ def lock_periods_ahead(*, extending: Sequence[Hold], releasing: Sequence[Hold]) 
         _lock_periods(match)
 
 
-def check_periods(periods: list[BudgetPeriod], amount: int) -> list[SoftAlert]:
-    """Raise BudgetExceeded on the first hard budget (in lock order) that cannot fit `amount`."""
+def check_periods(periods: list[BudgetPeriod], amount: int, *, new_hold: bool = True) -> list[SoftAlert]:
+    """Raise BudgetExceeded on the first hard budget (in lock order) that cannot fit `amount`.
+
+    A hard window that has begun but is not counted yet (`window_opened` False: its holds placed
+    before the start are not in the period) refuses a `new_hold` with WindowOpening, a retryable
+    BudgetBeingSet, for the seconds until `open_started_windows` counts it (review: checked
+    against the partial count, a hard window could still be overspent then). An extension of a
+    running hold is checked as usual; the opening recounts it with the rest."""
     alerts: list[SoftAlert] = []
     for period in periods:
         budget = period.budget
+        if new_hold and not budget.window_opened and budget.enforcement == Enforcement.HARD:
+            raise WindowOpening(level=budget.level, budget_id=budget.pk)
         used = period.held + period.spent
         if used + amount <= budget.limit:
             continue
@@ -243,7 +251,7 @@ def reserve_budgets(
 def record_extension(*, hold: Hold, amount: int) -> list[BudgetCharge]:
     """Count an extension of `hold` in the current periods (raises BudgetExceeded on hard)."""
     periods = lock_current_periods(org_id=hold.org_id, project_id=hold.project_id, user_id=hold.user_id)
-    alerts = check_periods(periods, amount)
+    alerts = check_periods(periods, amount, new_hold=False)
     charges = _charge(periods, hold, amount)
     _alert(hold, alerts, "extend")
     return charges
@@ -438,7 +446,9 @@ def open_started_windows(*, now: datetime | None = None) -> int:
     before the window too) as held, the captures since the start as spent: what setting the
     same budget mid-window gives (QA: holds placed before the start went on capturing inside
     the window uncounted, and a hard limit could be overspent). Run every few seconds by beat;
-    until then (seconds) a submission counts only its own hold. Returns how many opened."""
+    until then a hard window refuses new holds (`check_periods`: WindowOpening, retryable). A
+    window that ended before it was opened (beat down throughout) is recorded `counted: false`
+    with the figures its period has. Returns how many were handled."""
     due = list(Budget.objects.filter(period=BudgetPeriodKind.WINDOW, window_opened=False,
                                      window_start__lte=now or db_now()).values_list("pk", "org_id"))
     opened = 0
@@ -452,9 +462,13 @@ def open_started_windows(*, now: datetime | None = None) -> int:
                 continue
             period = _seed_current_period(budget, now=at)
             Budget.objects.filter(pk=budget.pk).update(window_opened=True)
+            counted = period is not None
+            if period is None:  # the window ended before it could be counted (beat was down)
+                period = BudgetPeriod.objects.filter(budget=budget, starts_at=budget.window_start).first()
             record(action="budget.window_opened", subject_type="budget", subject_id=budget.pk,
                    org_id=org_id, actor_type="system", actor_id="",
-                   data={**_audited(budget), "held": period.held if period else 0,
+                   reason_code="" if counted else "window_ended",
+                   data={**_audited(budget), "counted": counted, "held": period.held if period else 0,
                          "spent": period.spent if period else 0})
             opened += 1
         funds_changed.send(sender=Budget, org_id=org_id)

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.models import (
+    API_KEY_STATES,
     MIN_HOLD_WINDOW_SECONDS,
     PROJECT_ROLE_MESSAGE,
     ApiKey,
@@ -178,7 +179,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "prefix", "state", "created_at", "expires_at", "revoked_at", "last_used_at"]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.ChoiceField(choices=["active", "expired", "revoked"]))
+    @extend_schema_field(serializers.ChoiceField(choices=API_KEY_STATES))
     def get_state(self, key: ApiKey) -> str:
         return key_state(key)
 

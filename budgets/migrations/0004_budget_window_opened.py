@@ -4,11 +4,13 @@ from django.db import migrations, models
 
 
 def close_future_windows(apps, schema_editor):
-    """Windows set before they begin wait to be opened (counted) when they do."""
-    from django.utils import timezone
+    """Windows not yet begun wait to be opened (counted) when they begin; windows running now
+    are counted afresh by the next opening (review: one set before its start and running at the
+    deploy is the very case QA saw; recounting one set after its start is what setting it does)."""
+    from config.clock import db_now
 
     Budget = apps.get_model("budgets", "Budget")
-    Budget.objects.filter(period="window", window_start__gt=timezone.now()).update(window_opened=False)
+    Budget.objects.filter(period="window", window_end__gt=db_now()).update(window_opened=False)
 
 
 class Migration(migrations.Migration):
@@ -21,12 +23,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='budget',
             name='window_opened',
-            field=models.BooleanField(default=True),
+            field=models.BooleanField(db_default=True, default=True),
         ),
         migrations.AddField(
             model_name='historicalbudget',
             name='window_opened',
-            field=models.BooleanField(default=True),
+            field=models.BooleanField(db_default=True, default=True),
         ),
         migrations.RunPython(close_future_windows, migrations.RunPython.noop),
     ]

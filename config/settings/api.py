@@ -46,6 +46,7 @@ SPECTACULAR_SETTINGS = {
         "BucketKindEnum": "ledger.models.BucketKind",
         "BucketSourceEnum": "ledger.models.BucketSource",  # a bucket's source (refund included)
         "IssuableSourceEnum": "ledger.api.serializers.ISSUABLE_SOURCES",  # what finance may issue
+        "ApiKeyStateEnum": "accounts.models.API_KEY_STATES",
     },
 }
 

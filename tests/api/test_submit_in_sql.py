@@ -236,3 +236,26 @@ def test_invalid_and_forbidden_requests_take_the_python_path(fleet: dict[str, Gp
     assert response.status_code == 403 and not _in_sql(statements) and not _python_path(statements)
     response, statements = _post(client_for(tenant.admin), _body(tenant))  # org admins may submit
     assert response.status_code == 201 and _in_sql(statements)
+
+
+def test_a_hard_window_being_opened_is_the_python_paths_retryable_refusal(
+    fleet: dict[str, GpuType], settings: Any
+) -> None:
+    """Review: between a window's start and its opening (the beat task counting the holds placed
+    before the start), a hard window was checked against a partial count and could be overspent;
+    both paths now refuse a new hold for those seconds (409, Retry-After), and nothing is written."""
+    from budgets.models import Budget
+
+    def make() -> Tenant:
+        tenant = make_tenant(funds=100 * MICRO)
+        now = timezone.now()
+        budget, _ = set_budget(org=tenant.org, project=tenant.project, period="window", limit=10**12,
+                               enforcement="hard", window_start=now - timedelta(minutes=1),
+                               window_end=now + timedelta(hours=1))
+        Budget.objects.filter(pk=budget.pk).update(window_opened=False)  # begun, not yet counted
+        return tenant
+
+    in_sql, python = _both_paths(settings, make, _body)
+    assert in_sql == python
+    assert in_sql[0] == 409 and in_sql[1]["type"].endswith("budget-window-opening") and in_sql[2:] == (0, 0)
+    assert in_sql[1]["retry_after"] == 5
