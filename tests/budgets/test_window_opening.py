@@ -3,7 +3,7 @@ window begins (`open_started_windows`, beat), as if it had been set then (QA: ho
 the start went on capturing inside the window uncounted, so a hard limit could be overspent)."""
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import transaction
@@ -20,17 +20,23 @@ from tests.api.factories import make_tenant
 pytestmark = pytest.mark.django_db(transaction=True)  # real commits: the window begins in real time
 
 
-def _wait_until(moment) -> None:  # type: ignore[no-untyped-def]
+def _window_in_a_second(enforcement: str, length: timedelta) -> tuple[dict, Budget, datetime]:
+    """A member's window budget of 1,000 set now, beginning a second from now: (scope, budget, start)."""
+    tenant = make_tenant(funds=10_000)
+    member = {"org": tenant.org, "project": tenant.project, "user": tenant.user}
+    start = db_now() + timedelta(seconds=1)
+    budget, _ = set_budget(**member, period="window", limit=1_000, enforcement=enforcement,
+                           window_start=start, window_end=start + length)
+    return member, budget, start
+
+
+def _wait_until(moment: datetime) -> None:
     while db_now() <= moment:
         time.sleep(0.05)
 
 
 def test_holds_placed_before_the_window_count_in_it_once_it_begins() -> None:
-    tenant = make_tenant(funds=10_000)
-    member = {"org": tenant.org, "project": tenant.project, "user": tenant.user}
-    start = db_now() + timedelta(seconds=1)
-    budget, _ = set_budget(**member, period="window", limit=1_000, enforcement="hard",
-                           window_start=start, window_end=start + timedelta(hours=2))
+    member, budget, start = _window_in_a_second("hard", timedelta(hours=2))
     assert Budget.objects.get(pk=budget.pk).window_opened is False
     assert open_started_windows() == 0  # not begun: nothing to count yet
     early = place_hold(amount=700, key="early", **member)  # before the window: no period yet
@@ -58,11 +64,7 @@ def test_holds_placed_before_the_window_count_in_it_once_it_begins() -> None:
 def test_a_period_made_by_a_submission_before_the_opening_is_counted_afresh() -> None:
     """A submission in the seconds between the start and the beat task makes the period row and
     counts only its own hold; the opening recounts it from the scope, that hold included, once."""
-    tenant = make_tenant(funds=10_000)
-    member = {"org": tenant.org, "project": tenant.project, "user": tenant.user}
-    start = db_now() + timedelta(seconds=1)
-    budget, _ = set_budget(**member, period="window", limit=1_000, enforcement="soft",
-                           window_start=start, window_end=start + timedelta(hours=2))
+    member, budget, start = _window_in_a_second("soft", timedelta(hours=2))
     early = place_hold(amount=300, key="early", **member)
     _wait_until(start)
     first = place_hold(amount=100, key="first", **member)
@@ -94,11 +96,7 @@ def test_budgets_set_inside_or_not_windows_are_open_at_once() -> None:
 def test_a_hard_window_refuses_new_holds_until_it_is_counted() -> None:
     """Review: in the seconds (or, beat down, hours) between the start and the opening, a hard
     window checked new holds against a count without the holds placed before the start."""
-    tenant = make_tenant(funds=10_000)
-    member = {"org": tenant.org, "project": tenant.project, "user": tenant.user}
-    start = db_now() + timedelta(seconds=1)
-    budget, _ = set_budget(**member, period="window", limit=1_000, enforcement="hard",
-                           window_start=start, window_end=start + timedelta(hours=2))
+    member, budget, start = _window_in_a_second("hard", timedelta(hours=2))
     early = place_hold(amount=700, key="early", **member)
     _wait_until(start)
     late = place_hold(amount=500, key="late", **member)
@@ -118,11 +116,7 @@ def test_a_hard_window_refuses_new_holds_until_it_is_counted() -> None:
 
 
 def test_a_window_that_ended_before_its_opening_says_it_was_not_counted() -> None:
-    tenant = make_tenant(funds=10_000)
-    member = {"org": tenant.org, "project": tenant.project, "user": tenant.user}
-    start = db_now() + timedelta(seconds=1)
-    budget, _ = set_budget(**member, period="window", limit=1_000, enforcement="soft",
-                           window_start=start, window_end=start + timedelta(seconds=1))
+    member, budget, start = _window_in_a_second("soft", timedelta(seconds=1))
     _wait_until(start)
     inside = place_hold(amount=100, key="inside", **member)
     reserve_budgets(hold=inside, amount=100, **member)  # soft: counted alone meanwhile
