@@ -335,13 +335,18 @@ def test_ledger_state_machine(sql_path: bool, monkeypatch: pytest.MonkeyPatch) -
         ),
     )
     assert verify_ledger() == []
-    # The runs did what the machine is for (typical counts over a run are tens to a hundred or
-    # more each; the releases into expiry are the rarest, a few to a few tens of each kind).
+    # The runs did what the machine is for. Typical counts over a run: tens to a hundred or more of
+    # each operation, a few to a few tens of releases into expiry of each kind -- but Hypothesis'
+    # swarm testing leaves a rule out of whole examples, so one kind alone can be rare in a run
+    # (settle into expiry: 0-36 in about 20 runs). Checked: each operation ran, and credits went back into
+    # expiry through settlement._plan_release (release_partial and settle_hold always decide in
+    # Python; release_hold too on the Python path).
     exercised = {what: COUNTS[what] for what in (
         "hold placed", "hold extended", "capture", "release_partial", "release", "settle", "expire",
     )}
-    assert min(exercised.values()) >= 5, COUNTS
-    into_expiry = {what: COUNTS[what] for what in (
-        "release_partial into expiry", "release into expiry", "settle into expiry",
-    )}
-    assert min(into_expiry.values()) >= 1, COUNTS
+    assert min(exercised.values()) >= 1, COUNTS
+    decided_in_python = ["release_partial into expiry", "settle into expiry"]
+    if not sql_path:
+        decided_in_python.append("release into expiry")
+    assert sum(COUNTS[what] for what in decided_in_python) >= 1, COUNTS
+    assert sum(v for what, v in COUNTS.items() if what.endswith("into expiry")) >= 3, COUNTS
