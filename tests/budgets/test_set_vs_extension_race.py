@@ -10,7 +10,6 @@ share does not wait for. Failed before."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -22,6 +21,7 @@ from config.clock import db_now
 from ledger.locks import lock_hold
 from ledger.services import extend_hold, place_hold
 from tests.api.factories import make_tenant
+from tests.lock_waits import another_session_waits
 from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,12 +34,14 @@ def test_redefining_a_budget_while_a_running_job_extends_its_hold_does_not_deadl
     BudgetPeriod.objects.filter(budget=budget).delete()  # a new month: its period row is not there yet
     hold_locked = threading.Event()
     window_starts = []
+    setting_waited = []
 
     def extension() -> None:  # as metering.charging: the hold, then budgets, then the ledger
         with transaction.atomic():
             locked = lock_hold(hold.pk)
             hold_locked.set()
-            time.sleep(0.5)  # the setting now holds the budget row and waits for this hold
+            # The setting now holds the budget row and waits for this hold.
+            setting_waited.append(another_session_waits(redefining.done))
             record_extension(hold=locked, amount=50)
             extend_hold(hold=locked, amount=50, key="attempt:1:extend:100")
 
@@ -50,9 +52,12 @@ def test_redefining_a_budget_while_a_running_job_extends_its_hold_does_not_deadl
         set_budget(org=tenant.org, period="window", limit=100_000, enforcement="hard",
                    window_start=now - timedelta(days=1), window_end=now + timedelta(days=1))
 
-    extending, redefining = Worker(extension).start(), Worker(redefine).start()
+    redefining = Worker(redefine)
+    extending = Worker(extension).start()
+    redefining.start()
     extending.join(), redefining.join()
     assert extending.errors == redefining.errors == []
+    assert setting_waited == [True], "the setting did not wait for the extension's hold: no race"
     window = BudgetPeriod.objects.get(budget=budget, starts_at=window_starts[0])
     # The setting waited for the extension, and its seeding counted the grown hold.
     assert window.held == 150

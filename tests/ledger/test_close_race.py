@@ -17,6 +17,7 @@ from ledger.models import MICRO, Bucket, Hold
 from ledger.services import place_hold, release_hold, void_credits
 from ledger.verification import verify_ledger
 from tests.factories import OrganizationFactory, fund
+from tests.lock_waits import another_session_waits
 
 
 @pytest.mark.parametrize("sql_path", [True, False], ids=["sql-hot-path", "python-path"])
@@ -28,7 +29,7 @@ def test_release_racing_a_close_goes_to_expiry(sql_path: bool, monkeypatch: Any)
     org = OrganizationFactory()
     bucket = fund(org, 10 * MICRO)
     hold = place_hold(org=org, amount=4 * MICRO, key="job-1")
-    closing, commit, errors = threading.Event(), threading.Event(), []
+    closing, commit, released, errors = threading.Event(), threading.Event(), threading.Event(), []
     clocks: dict[str, Any] = {}
 
     def finance_closes() -> None:  # the admin's "Void the available credits" with "close" ticked
@@ -53,6 +54,7 @@ def test_release_racing_a_close_goes_to_expiry(sql_path: bool, monkeypatch: Any)
         except BaseException as exc:
             errors.append(exc)
         finally:
+            released.set()
             connection.close()
 
     f = threading.Thread(target=finance_closes)
@@ -61,11 +63,12 @@ def test_release_racing_a_close_goes_to_expiry(sql_path: bool, monkeypatch: Any)
     time.sleep(0.05)
     u = threading.Thread(target=user_cancels)
     u.start()
-    time.sleep(0.5)  # the release read its lines and now waits for the bucket row
+    waited = another_session_waits(released)  # the release read its lines and waits for the bucket row
     commit.set()
     f.join(30)
     u.join(30)
     assert not errors, errors
+    assert waited, "the release did not wait for the closing transaction: no race"
     assert clocks["release"] > clocks["close"]  # the release happened after the close, by any clock
     bucket.refresh_from_db()
     assert verify_ledger() == []

@@ -7,14 +7,13 @@ import csv
 import io
 import re
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
-from django.db import connection, transaction
+from django.db import transaction
 
 from audit.models import AuditEvent
 from ledger.errors import IdempotencyConflict, RefundExceedsCharges
@@ -191,20 +190,12 @@ def test_concurrent_refunds_never_exceed_the_charges(make_attempt, funded) -> No
     assert gate_locked.wait(10)
     workers = [Worker(lambda n=n: refund(n)).start() for n in range(2)]
     # Both read the charges only once they get the job lock: wait until both are blocked on it.
-    assert another_session_waits(threading.Event())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
-            if cursor.fetchone()[0] >= 2:
-                break
-        time.sleep(0.02)
+    both_wait = another_session_waits(threading.Event(), sessions=2)
     release_gate.set()
     gatekeeper.join()
     for worker in workers:
         worker.join()
+    assert both_wait, "the refunds did not both wait for the job lock: no race"
     succeeded = [w for w in workers if not w.errors]
     failed = [w for w in workers if w.errors]
     assert len(succeeded) == 1 and len(failed) == 1

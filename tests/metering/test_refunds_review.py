@@ -3,16 +3,16 @@ statements across months, admin actions kept."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import IntegrityError
 
-from config.errors import DomainError
 from ledger.clock import shifted
-from ledger.models import MICRO, LedgerTransaction, TransactionKind
+from ledger.errors import IdempotencyConflict
+from ledger.models import MICRO, Bucket, LedgerTransaction, TransactionKind
 from ledger.services import issue_credits, void_credits
 from ledger.statements import org_statement
 from ledger.verification import verify_ledger
@@ -45,13 +45,19 @@ def test_other_user_same_key_other_amount_is_not_a_conflict(make_attempt, funded
     assert second.status_code == 201, (second.status_code, second.json())
 
 
-def _taken(org: Any, reference: str) -> None:
+def _taken(org: Any, reference: str) -> Bucket:
     """A bucket holding `reference` from before `refund:` was kept for refunds."""
-    from ledger.models import Bucket
-
     bucket = issue_credits(org=org, amount=MICRO, kind="paid", source="purchase", reference="inv-1",
                            reason="invoice")
     Bucket.objects.filter(pk=bucket.pk).update(reference=reference)
+    bucket.refresh_from_db()
+    return bucket
+
+
+def _state(bucket: Bucket) -> dict[str, Any]:
+    return Bucket.objects.filter(pk=bucket.pk).values(
+        "reference", "source", "granted", "available", "held", "spent", "expired", "voided", "expires_at"
+    ).get()
 
 
 @pytest.mark.django_db
@@ -67,13 +73,17 @@ def test_finance_may_not_issue_a_reference_kept_for_refunds(world) -> None:
 def test_a_reference_already_used_by_a_grant_is_a_clean_error(make_attempt, funded, world) -> None:
     """The refund inserted a bucket with the same (org, reference) and died on the unique constraint."""
     attempt = _charged_job(make_attempt, funded)
-    _taken(world.org, f"refund:job:{attempt.job_id}:k1")
-    try:
+    reference = f"refund:job:{attempt.job_id}:k1"
+    grant = _taken(world.org, reference)
+    before = _state(grant)
+    refunds = LedgerTransaction.objects.filter(org=world.org, kind=TransactionKind.REFUND).count()
+    with pytest.raises(IdempotencyConflict, match=re.escape(f"Reference '{reference}' is already used")):
         refund_job(job_id=attempt.job_id, amount=MICRO, reason="bad node", key="k1")
-    except IntegrityError as error:
-        pytest.fail(f"IntegrityError (a 500 in the API): {error}")
-    except DomainError:
-        pass
+    # Nothing was refunded, and the grant holding the reference was neither taken for the refund
+    # nor touched.
+    assert not JobRefund.objects.filter(job_id=attempt.job_id).exists()
+    assert LedgerTransaction.objects.filter(org=world.org, kind=TransactionKind.REFUND).count() == refunds
+    assert _state(grant) == before
 
 
 @pytest.mark.django_db
@@ -147,7 +157,7 @@ def test_same_key_other_terms_is_a_conflict_not_a_silent_replay(make_attempt, fu
     attempt = _charged_job(make_attempt, funded)
     soon = timezone.now() + timedelta(days=7)
     refund_job(job_id=attempt.job_id, amount=MICRO, reason="a", key="k1", expires_at=soon)
-    with pytest.raises(DomainError):
+    with pytest.raises(IdempotencyConflict, match=r"Key 'k1' was already used to refund job \d+ differently"):
         refund_job(job_id=attempt.job_id, amount=MICRO, reason="b", key="k1", expires_at=None)
 
 

@@ -12,7 +12,6 @@ Both fail without the writer's locked re-read (`writer._nodes_in_service`)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from scheduling.models import AttemptState, Job, JobAttempt, JobState, Node, Nod
 from scheduling.services.nodes import set_cordon
 from scheduling.services.tick import run_scheduling_pass
 from tests.factories import fund
+from tests.lock_waits import another_session_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,11 +50,14 @@ def test_a_node_taken_out_of_service_during_a_pass_keeps_no_unstopped_attempt(
                           user=tenant["user"], gpu_types=["H100"])
         make_job(JobState.QUEUED, current_hold=hold, gpu_types=["H100"], gpu_count=1)
     cordons: list[threading.Thread] = []
+    cordoned = threading.Event()
+    cordon_waited: list[bool] = []
 
     def take_out_of_service() -> None:  # an operator, on another connection; eviction runs on commit
         try:
             set_cordon(node=node, cordon=NodeCordon.DOWN)
         finally:
+            cordoned.set()
             connection.close()
 
     def start_cordon() -> threading.Thread:
@@ -78,7 +81,8 @@ def test_a_node_taken_out_of_service_during_a_pass_keeps_no_unstopped_attempt(
 
         def cordon_while_writing(*args: Any) -> Any:
             start_cordon()
-            time.sleep(0.5)  # the cordon waits for this pass (or, unlocked, commits and evicts now)
+            # The cordon waits for this pass (or, unlocked, commits and evicts now).
+            cordon_waited.append(another_session_waits(cordoned))
             return top_up(*args)
 
         monkeypatch.setattr(writer, "top_up_dearer", cordon_while_writing)
@@ -93,5 +97,6 @@ def test_a_node_taken_out_of_service_during_a_pass_keeps_no_unstopped_attempt(
     if order == "cordon-mid-pass":
         assert stopping == [] and not JobAttempt.objects.exists()  # nothing placed on it
     else:
+        assert cordon_waited == [True], "the cordon did not wait for the pass: no race"
         assert len(stopping) == JOBS  # placed before the cordon, then evicted by it
         assert set(JobAttempt.objects.values_list("stop_reason", flat=True)) == {"evicted"}

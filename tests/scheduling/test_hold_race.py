@@ -52,6 +52,7 @@ def test_holds_racing_passes_never_leave_a_held_job_placed(
             assert not placed and job.state == JobState.QUEUED and job.wait_reason == "held", job.pk
         else:
             assert placed and job.pk in refused, job.pk
-    # Both outcomes happen in practice (19-23 of 24 placed before their hold in 12 local runs: the
+    # Both outcomes happen in practice (18-23 of 24 placed before their hold in 28 local runs: the
     # first pass places most of the queue while the holds commit, and its writer then refuses the
     # ones held since its snapshot); which jobs end which way is up to the race.
+    assert 0 < len(refused) < JOBS, f"{len(refused)} of {JOBS} holds refused: the race did not happen"

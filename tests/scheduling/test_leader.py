@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 from config.celery import app
 from ledger.services import place_hold
+from scheduling import core
 from scheduling.models import Allocation, Job, JobAttempt, JobState, SchedulerPass
 from scheduling.services.leader import try_lead
 from scheduling.services.tick import run_scheduling_pass
@@ -60,18 +61,33 @@ def test_a_second_pass_returns_none_while_the_leader_runs(
 
 
 def test_concurrent_passes_place_each_job_exactly_once(
-    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job]
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fund(tenant["org"], 50_000_000)
     jobs = [funded_job(tenant, make_job, f"k{i}") for i in range(3)]
     barrier = threading.Barrier(4)
     results: list[Any] = []
     errors: list[BaseException] = []
+    not_leading = threading.Semaphore(0)
+    others_gave_up: list[bool] = []
+    decide = core.schedule
+
+    def decide_once_the_others_gave_up(snapshot: core.Snapshot) -> core.Result:
+        # The passes overlap for sure: the leader decides only once the three others have found
+        # the lock taken and returned (without it, each waits here in vain and all four place).
+        others_gave_up.append(all(not_leading.acquire(timeout=5) for _ in range(3)))
+        return decide(snapshot)
+
+    monkeypatch.setattr(core, "schedule", decide_once_the_others_gave_up)
 
     def run() -> None:
         try:
             barrier.wait(10)
-            results.append(run_scheduling_pass(trigger="race"))
+            result = run_scheduling_pass(trigger="race")
+            results.append(result)
+            if result is None:
+                not_leading.release()
         except BaseException as error:  # surfaced below
             errors.append(error)
         finally:
@@ -82,9 +98,11 @@ def test_concurrent_passes_place_each_job_exactly_once(
         t.start()
     for t in threads:
         t.join(30)
-    assert not errors
+    assert not errors, errors
     ran = [r for r in results if r is not None]
-    assert len(ran) >= 1 and sum(r.placed for r in ran) == 3
+    # Exactly one of the four concurrent passes led; the three others did nothing.
+    assert others_gave_up == [True]
+    assert len(results) == 4 and len(ran) == 1 and ran[0].placed == 3
     for job in jobs:
         assert JobAttempt.objects.filter(job=job).count() == 1
     live = list(Allocation.objects.filter(released_at__isnull=True).values_list("node_id", "gpu_index"))

@@ -213,6 +213,7 @@ def test_a_bucket_refilled_after_the_lock_ahead_does_not_deadlock_the_top_up(
 
     intruders: list[Intruder] = []
     cancellers: list[threading.Thread] = []
+    cancel_waited: list[bool] = []
     top_up = repricing._top_up
 
     def refill_then_submit_then_top_up(place: Any, *args: Any) -> str:
@@ -221,7 +222,7 @@ def test_a_bucket_refilled_after_the_lock_ahead_does_not_deadlock_the_top_up(
             cancellers[0].start()
             # Had the pass not locked `low`, the cancel commits now and refills it, and the
             # submission locks it and waits for the higher bucket; as it is, the cancel waits.
-            another_session_waits(cancelled)
+            cancel_waited.append(another_session_waits(cancelled))
             intruders.append(Intruder(tenant, tenant.project))
             intruders[0].start_and_wait()
         return top_up(place, *args)
@@ -236,6 +237,7 @@ def test_a_bucket_refilled_after_the_lock_ahead_does_not_deadlock_the_top_up(
     intruder.join()
     cancellers[0].join(30)
     assert cancel_errors == []
+    assert cancel_waited == [True]  # the cancel waited for the pass's lock on `low`
     assert Job.objects.get(pk=spanning.pk).state == JobState.CANCELLED
     assert intruder.blocked
     assert pass_errors == [] and intruder.errors == [], (pass_errors, intruder.errors)
