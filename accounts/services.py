@@ -48,6 +48,11 @@ class TooManyKeys(DomainError):
     title = "Too many active API keys"
 
 
+class TooManyNewKeys(TooManyKeys):
+    type = "too-many-new-api-keys"
+    title = "Too many API keys made today"
+
+
 def _actor(actor: Any) -> dict[str, str]:
     if actor is None:
         return {"actor_type": "system", "actor_id": ""}
@@ -133,9 +138,10 @@ def create_own_api_key(
             "longer use first.", active=count, limit=limit,
         )
     if (made := mine.filter(created_at__gt=now - timedelta(days=1)).count()) >= per_day:
-        raise TooManyKeys(
-            f"You made {made} API keys in the last 24 hours, the most allowed is {per_day}: try "
-            "again later.", made=made, limit=per_day,
+        # Counted whoever made them (an admin's for the user too: the key rows do not say).
+        raise TooManyNewKeys(
+            f"{made} API keys were made for you in the last 24 hours, the most allowed is {per_day}: "
+            "try again later.", made=made, limit=per_day,
         )
     return create_api_key(user=user, name=name, expires_at=expires_at, actor=user, via=via)
 

@@ -9,12 +9,13 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts.models import ApiKey
 from accounts.selectors import own_api_keys, usable_api_keys
 from accounts.services import AccountsError, TooManyKeys, create_own_api_key, key_state, revoke_api_key
 from config.text import has_control_characters
@@ -39,7 +40,7 @@ class NewKeyForm(forms.Form):
         return timezone.now() + timedelta(days=int(days)) if days else None
 
 
-def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
+def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None, new_name: str = "",
           status: int = 200) -> HttpResponse:
     now = timezone.now()
     mine = own_api_keys(request.user)
@@ -49,54 +50,61 @@ def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
     for key in keys:
         key.state = key_state(key, now)
     return render(request, "portal/keys.html", {
-        "form": form, "keys": keys, "new_key": new_key,
+        "form": form, "keys": keys, "new_key": new_key, "new_name": new_name,
         "can_see_dashboard": dashboard_scope(request.user) is not None,
     }, status=status)
 
 
-# The new key's secret goes from the POST to the GET it redirects to in a signed cookie of this
-# path only, read once: it never sits in the session table, and a reload neither shows it again
-# nor (as a reload of a POST answer would) makes a second key.
-NEW_KEY_COOKIE = "gpubank_new_api_key"
+# The new key's secret goes from the POST to the GET it redirects to (`?made=<key id>`) in a
+# signed cookie of this path only, one per key (`gpubank_new_api_key_<id>`), read once: it never
+# sits in the session table, a reload neither shows it again nor (as a reload of a POST answer
+# would) makes a second key, and keys made in two tabs at once each show their own (QA: one
+# cookie for all, the second key's secret was shown in both tabs, the first's never).
+NEW_KEY_COOKIE = "gpubank_new_api_key_"
 NEW_KEY_SALT = "portal.api-keys.new"
 NEW_KEY_SECONDS = 120
 
 
-def _shown_once(request: HttpRequest) -> str | None:
-    value = request.get_signed_cookie(NEW_KEY_COOKIE, default=None, salt=NEW_KEY_SALT,
+def _shown_once(request: HttpRequest) -> tuple[ApiKey, str] | tuple[None, None]:
+    """(the key just made, its secret) when `?made=` names the user's key whose cookie is here."""
+    made = request.GET.get("made", "")
+    if not made.isdigit() or len(made) > 18:
+        return None, None
+    value = request.get_signed_cookie(f"{NEW_KEY_COOKIE}{made}", default=None, salt=NEW_KEY_SALT,
                                       max_age=NEW_KEY_SECONDS)
-    if value is None:
-        return None
-    user_id, _, raw = value.partition(":")
-    return raw if user_id == str(request.user.pk) else None
+    user_id, key_id, raw = (value or "::").split(":", 2)
+    key = own_api_keys(request.user).filter(pk=int(made)).first()
+    if key is None or (user_id, key_id) != (str(request.user.pk), made) or not raw:
+        return None, None
+    return key, raw
 
 
 @require_http_methods(["GET", "POST"])
 @login_required
 def api_keys(request: HttpRequest) -> HttpResponse:
     """GET: the user's keys (and a key just made, once). POST: make one, then back to the GET."""
+    path = reverse("portal:api-keys")
     if request.method == "GET":
-        new_key = _shown_once(request)
-        response = _page(request, NewKeyForm(), new_key=new_key)
-        if NEW_KEY_COOKIE in request.COOKIES:
-            response.delete_cookie(NEW_KEY_COOKIE, path=reverse("portal:api-keys"), samesite="Strict")
-        if new_key is not None:
+        new, raw = _shown_once(request)
+        response = _page(request, NewKeyForm(), new_key=raw, new_name=new.name if new else "")
+        if new is not None:
+            response.delete_cookie(f"{NEW_KEY_COOKIE}{new.pk}", path=path, samesite="Strict")
+        if raw is not None:
             response["Cache-Control"] = "no-store"  # the secret must not stay in a cache
         return response
     form = NewKeyForm(request.POST)
     if not form.is_valid():
         return _page(request, form, status=400)
     try:
-        _key, raw = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
-                                       expires_at=form.expires_at(), via="portal")
+        key, raw = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
+                                      expires_at=form.expires_at(), via="portal")
     except (TooManyKeys, AccountsError) as error:
         form.add_error(None, error.detail)
         return _page(request, form, status=409 if isinstance(error, TooManyKeys) else 400)
-    response = redirect("portal:api-keys")
-    response.status_code = 303
+    response = HttpResponseRedirect(f"{path}?made={key.pk}", status=303)
     response.set_signed_cookie(
-        NEW_KEY_COOKIE, f"{request.user.pk}:{raw}", salt=NEW_KEY_SALT, max_age=NEW_KEY_SECONDS,
-        path=reverse("portal:api-keys"), httponly=True, samesite="Strict",
+        f"{NEW_KEY_COOKIE}{key.pk}", f"{request.user.pk}:{key.pk}:{raw}", salt=NEW_KEY_SALT,
+        max_age=NEW_KEY_SECONDS, path=path, httponly=True, samesite="Strict",
         secure=settings.SESSION_COOKIE_SECURE,
     )
     return response

@@ -30,6 +30,7 @@ from ledger.models import (
     LedgerTransaction,
     TransactionKind,
 )
+from ledger.money import format_credits
 from ledger.retry import retry_on_conflict
 from ledger.services._journal import (
     AVAILABLE,
@@ -267,7 +268,10 @@ def void_credits(
             return None  # closed already (a retry of a closing that had nothing to void): done
         raise InvalidAmount("Nothing is available to void in this bucket.")
     if to_void > locked.available:
-        raise InsufficientCredits(needed=to_void, available=locked.available)
+        raise InsufficientCredits(  # QA: it said "Needs 95.00 credits", as a hold's refusal does
+            needed=to_void, available=locked.available,
+            detail=f"Cannot void {format_credits(to_void)} credits: only "
+                   f"{format_credits(locked.available)} are available in this bucket.")
     txn = None
     if to_void:
         move_bucket(locked.pk, source="available", target="voided", amount=to_void)

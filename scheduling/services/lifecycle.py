@@ -441,8 +441,11 @@ def finish_attempt(*, attempt: JobAttempt, outcome: str, exit_code: int | None =
         return requeue(job=job, not_before=None, reason_code="requeued-node-silent-before-start", data=data)
     # A lost node: retry with exponential backoff while retries remain.
     if retries_used > job.max_retries:
+        # QA: the reason alone did not say what was retried, or how often.
+        detail = (f"its node was lost {retries_used} times (attempts ending lost); max_retries is "
+                  f"{job.max_retries}")
         return transition(job, S.FAILED, reason_code="retries-exhausted", data=data,
-                          end_reason="retries-exhausted")
+                          end_reason="retries-exhausted", end_detail=detail)
     return requeue(job=job, not_before=now + retry_backoff(retries_used),
                    reason_code="requeued-after-node-lost", data=data)
 

@@ -117,18 +117,21 @@ def _node_timeouts() -> tuple[timedelta, timedelta]:
 def _mark_nodes(
     ids: list[int], *, from_states: tuple[str, ...], to: str, silent_before: datetime, reason: str
 ) -> list[int]:
-    """Move nodes still silent and still in `from_states` to `to` (a conditional UPDATE, so a
-    heartbeat that arrived meanwhile wins); audit each move."""
+    """Move nodes still silent and still in `from_states` to `to` (a conditional locked read, so a
+    heartbeat that arrived meanwhile wins); audit each move with the state it left."""
     moved: list[int] = []
     for node_id in ids:
         with transaction.atomic():
-            changed = Node.objects.filter(
-                pk=node_id, state__in=from_states, last_heartbeat_at__lt=silent_before
-            ).update(state=to)
-            if changed != 1:
+            # A locked read first (no_key, as `mark_node_alive`'s): the event says from what, as
+            # that one's does (QA: the unknown/down events had only `to`).
+            node = (Node.objects.select_for_update(no_key=True)
+                    .filter(pk=node_id, state__in=from_states, last_heartbeat_at__lt=silent_before)
+                    .values_list("state", "cordon").first())
+            if node is None:
                 continue
+            Node.objects.filter(pk=node_id).update(state=to)
             record(action="sched.node.state", subject_type="node", subject_id=node_id,
-                   reason_code=reason, data={"to": to})
+                   reason_code=reason, data={"from": node[0], "to": to, "cordon": node[1]})
             moved.append(node_id)
     return moved
 

@@ -230,6 +230,7 @@ def test_at_most_so_many_new_keys_a_day_revoked_ones_too(settings: Any) -> None:
         assert made.status_code == 201, made.json()
         revoke(client, made.json()["id"])
     refused = make(client, {"name": "one more"})
-    assert refused.status_code == 409 and "3 API keys in the last 24 hours" in refused.json()["detail"]
+    assert (refused.status_code, refused.json()["type"]) == (409, "too-many-new-api-keys")
+    assert refused.json()["detail"].startswith("3 API keys were made for you in the last 24 hours")
     ApiKey.objects.filter(user=user).update(created_at=timezone.now() - timedelta(days=1, minutes=1))
     assert make(client, {"name": "next day"}).status_code == 201

@@ -99,7 +99,7 @@ def test_bad_issue_input_writes_nothing(org, gpu_types, overrides, error) -> Non
 def test_void_available_part_only(org) -> None:
     bucket = fund(org, 100)
     place_hold(org=org, amount=30, key="h")
-    with pytest.raises(InsufficientCredits):
+    with pytest.raises(InsufficientCredits, match=r"^Cannot void 0\.000071 credits: only 0\.00007 are"):
         void_credits(bucket=bucket, reason="refund", key="v", amount=71)
     txn = void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20)
     assert void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20).pk == txn.pk

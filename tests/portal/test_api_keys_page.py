@@ -43,14 +43,16 @@ def test_make_a_key_see_it_once_and_use_it() -> None:
     user = UserFactory()
     client = signed_in(user)
     made = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30"})
-    assert (made.status_code, made["Location"]) == (303, "/api-keys/")  # a reload makes no second key
-    cookie = made.cookies["gpubank_new_api_key"]
+    key = ApiKey.objects.get(user=user)
+    # 303 to the page naming the key (a reload makes no second key)
+    assert (made.status_code, made["Location"]) == (303, f"/api-keys/?made={key.pk}")
+    cookie = made.cookies[f"gpubank_new_api_key_{key.pk}"]
     assert (cookie["path"], cookie["httponly"], cookie["samesite"]) == ("/api-keys/", True, "Strict")
-    response = client.get("/api-keys/")
+    response = client.get(made["Location"])
     assert response["Cache-Control"] == "no-store"
     raw = secret_in(response.content.decode())
-    assert response.cookies["gpubank_new_api_key"].value == ""  # deleted: shown once
-    key = ApiKey.objects.get(user=user)
+    assert 'id="new-key-name">laptop<' in response.content.decode()
+    assert response.cookies[f"gpubank_new_api_key_{key.pk}"].value == ""  # deleted: shown once
     assert (key.name, key.key_hash) == ("laptop", hash_key(raw))
     assert abs((key.expires_at - key.created_at) - timedelta(days=30)) < timedelta(minutes=1)
     assert AuditEvent.objects.filter(action="accounts.api_key.create", subject_id=str(key.pk),
@@ -59,7 +61,7 @@ def test_make_a_key_see_it_once_and_use_it() -> None:
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert api.get("/api/v1/api-keys").json()["results"][0]["name"] == "laptop"
 
-    again = client.get("/api-keys/").content.decode()
+    again = client.get(made["Location"]).content.decode()  # a reload
     assert raw not in again and 'id="new-key"' not in again
     assert f"gpub_{key.prefix}_" in again and "laptop" in again
 
@@ -129,16 +131,32 @@ def test_the_secret_is_shown_only_to_the_user_who_made_it() -> None:
     client = signed_in(maker)
     made = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30"})
     client.force_login(next_user)
-    client.cookies["gpubank_new_api_key"] = made.cookies["gpubank_new_api_key"].value
-    page = client.get("/api-keys/").content.decode()
+    page = client.get(made["Location"]).content.decode()  # the cookie is still in the browser
     assert 'id="new-key"' not in page
 
 
 def test_a_forged_cookie_shows_nothing() -> None:
     user = UserFactory()
     client = signed_in(user)
-    client.cookies["gpubank_new_api_key"] = f"{user.pk}:gpub_forged_secret"
-    assert 'id="new-key"' not in client.get("/api-keys/").content.decode()
+    post(client, "/api-keys/", {"name": "real", "lifetime": "30"})
+    key = ApiKey.objects.get(user=user)
+    client.cookies[f"gpubank_new_api_key_{key.pk}"] = f"{user.pk}:{key.pk}:gpub_forged_secret"
+    assert 'id="new-key"' not in client.get(f"/api-keys/?made={key.pk}").content.decode()
+
+
+def test_keys_made_in_two_tabs_each_show_their_own_secret() -> None:
+    """QA: with one cookie for every new key, the second tab's key was shown in both tabs (under
+    the first one's name) and the first key's secret never."""
+    user = UserFactory()
+    client = signed_in(user)
+    first = post(client, "/api-keys/", {"name": "tab-a", "lifetime": "30"})
+    second = post(client, "/api-keys/", {"name": "tab-b", "lifetime": "30"})
+    for made, name in ((first, "tab-a"), (second, "tab-b")):
+        page = client.get(made["Location"]).content.decode()
+        key = ApiKey.objects.get(user=user, name=name)
+        assert hash_key(secret_in(page)) == key.key_hash
+        assert f'id="new-key-name">{name}<' in page
+    assert 'id="new-key"' not in client.get("/api-keys/?made=abc").content.decode()
 
 
 def test_the_portal_writes_only_the_users_own_keys() -> None:

@@ -97,6 +97,7 @@ def test_lost_node_requeues_with_backoff_and_a_fresh_hold_until_retries_run_out(
     assert [round(d) for d in delays] == [10, 20]
     final = finish_attempt(attempt=attempt, outcome="lost")
     assert (final.state, final.end_reason) == (JobState.FAILED, "retries-exhausted")
+    assert final.end_detail == "its node was lost 3 times (attempts ending lost); max_retries is 2"
 
 
 def test_preemption_requeues_at_once_without_using_a_retry(

@@ -72,9 +72,12 @@ def test_a_drain_survives_the_node_going_silent_and_coming_back(fleet: dict[str,
     assert _core_state(node) == "draining"  # still no new jobs: the operator's decision stands
     ingest_heartbeats(node=node, items=[])
     moves = list(AuditEvent.objects.filter(action="sched.node.state", subject_id=str(node.pk))
-                 .order_by("id").values_list("reason_code", "data__to"))
-    # Each move audited once, the return too (session 9 note: a recovery left no trace).
-    assert moves == [("heartbeat-missed", "unknown"), ("node-down", "down"), ("heartbeat-resumed", "ready")]
+                 .order_by("id").values_list("reason_code", "data__from", "data__to", "data__cordon"))
+    # Each move audited once, the return too (session 9 note: a recovery left no trace), each
+    # with the state it left and the cordon (QA: the sweep's moves had only `to`).
+    assert moves == [("heartbeat-missed", "ready", "unknown", "drain"),
+                     ("node-down", "unknown", "down", "drain"),
+                     ("heartbeat-resumed", "down", "ready", "drain")]
 
 
 def test_out_of_service_stops_jobs_with_a_grace_and_requeues_them_without_a_retry(
