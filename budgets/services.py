@@ -363,36 +363,6 @@ def record_release_many(*, items: Sequence[tuple[Hold, int]]) -> None:
         )
 
 
-@transaction.atomic(savepoint=False)
-def record_refund(*, hold_ids: Sequence[int], amount: int) -> dict[int, int]:
-    """Give `amount` of what these holds spent back to every budget it was counted in (finance
-    refunded a job's charges: session 16 left the member's, project's and org's budgets as if the
-    money was still spent, so a hard limit stayed used up). Per budget, from the holds' newest
-    charges with spending first, never more than they spent; the period keeps its dates (a refund
-    of last month's run gives last month's period its room back). Periods are locked in lock
-    order, before the ledger locks buckets. Returns {budget id: amount credited}."""
-    if amount <= 0 or not hold_ids:
-        return {}
-    period_ids = sorted(set(BudgetCharge.objects.filter(hold_id__in=list(hold_ids), spent__gt=0)
-                            .values_list("period_id", flat=True)))
-    periods = {p.pk: p for p in _lock_periods_by_id(period_ids)}
-    charges = (BudgetCharge.objects.filter(hold_id__in=list(hold_ids), period_id__in=list(periods),
-                                           spent__gt=0)
-               .order_by("-period__starts_at", "-pk").values_list("pk", "period_id", "spent"))
-    left: dict[int, int] = defaultdict(lambda: amount)  # per budget: what is still to credit
-    credited: dict[int, int] = defaultdict(int)
-    for charge_id, period_id, spent in charges:
-        budget_id = periods[period_id].budget_id
-        take = min(left[budget_id], spent)
-        if take <= 0:
-            continue
-        left[budget_id] -= take
-        credited[budget_id] += take
-        BudgetCharge.objects.filter(pk=charge_id).update(spent=F("spent") - take)
-        BudgetPeriod.objects.filter(pk=period_id).update(spent=F("spent") - take)
-    return dict(credited)
-
-
 def _is_scope_conflict(error: IntegrityError) -> bool:
     diag = getattr(error.__cause__, "diag", None)
     if diag is not None:  # PostgreSQL names the violated constraint

@@ -16,8 +16,6 @@ from typing import Any
 
 from django.db import transaction
 
-from audit.services import record
-from budgets.services import record_refund
 from config.clock import db_now
 from ledger.errors import IdempotencyConflict, InvalidParameter, RefundExceedsCharges
 from ledger.retry import retry_on_conflict
@@ -92,17 +90,9 @@ def refund_job(
         if amount > charged - refunded:
             raise RefundExceedsCharges(amount, max(charged - refunded, 0), charged=charged,
                                        refunded=refunded, what=f"attempt {attempt_number} of job {job.pk}")
-    # The budgets it was counted in get the room back (their periods are locked before buckets).
-    holds = [attempt.hold_id] if attempt is not None else list(
-        JobAttempt.objects.filter(job_id=job.pk).values_list("hold_id", flat=True))
-    credited = record_refund(hold_ids=holds, amount=amount)
     params = {"job": job.pk, "attempt": attempt_number, "key": key}
     bucket = issue_refund(org=job.org, amount=amount, reference=refund_reference(job.pk, key), reason=reason,
                           params=params, expires_at=expires_at, actor=actor)
-    for budget_id, credited_amount in sorted(credited.items()):
-        record(action="budget.refund_credited", subject_type="budget", subject_id=budget_id,
-               org_id=job.org_id, amount=credited_amount, reason_code="refund", actor_type="user" if actor
-               else "system", actor_id=str(actor.pk) if actor is not None else "", data=params)
     refund = JobRefund.objects.create(
         job=job, attempt=attempt, org_id=job.org_id, bucket=bucket, amount=amount, reason=reason, key=key,
         created_at=db_now(), created_by=acting_user(actor),

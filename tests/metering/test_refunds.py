@@ -203,37 +203,3 @@ def test_concurrent_refunds_never_exceed_the_charges(make_attempt, funded) -> No
     assert sum(JobRefund.objects.filter(job_id=job_id).values_list("amount", flat=True)) == 3 * MICRO
     assert Job.objects.get(pk=job_id).refunds.count() == 1
     assert verify_ledger() == []
-
-
-@pytest.mark.django_db
-def test_a_refund_gives_the_budgets_their_room_back(make_attempt, funded, world: World) -> None:
-    """Session 16 left budgets as if refunded money was still spent: a member whose hard budget a
-    failed run had used up stayed refused after finance gave the credits back."""
-    from budgets.models import BudgetPeriod
-    from budgets.services import record_capture, set_budget
-
-    funded(100 * MICRO)
-    attempt = make_attempt(hold_amount=10 * MICRO)
-    org_budget, _ = set_budget(org=world.org, period="month", limit=12 * MICRO, enforcement="hard")
-    member, _ = set_budget(org=world.org, project=world.project, user=world.user, period="month",
-                           limit=12 * MICRO, enforcement="hard")
-    capture(hold=attempt.hold, amount=4 * MICRO, key="run")
-    record_capture(hold=attempt.hold, amount=4 * MICRO)  # as metering does beside the capture
-
-    def used(budget: Any) -> tuple[int, int]:
-        period = BudgetPeriod.objects.get(budget=budget)
-        return period.held, period.spent
-
-    assert used(org_budget) == used(member) == (6 * MICRO, 4 * MICRO)
-    finance = _finance_user()
-    refund_job(job_id=attempt.job_id, amount=3 * MICRO, reason="bad node", key="r1", actor=finance)
-    assert used(org_budget) == used(member) == (6 * MICRO, 1 * MICRO)
-    credited = AuditEvent.objects.filter(action="budget.refund_credited").order_by("subject_id")
-    assert sorted((e.subject_id, e.amount) for e in credited) == sorted(
-        [(str(org_budget.pk), 3 * MICRO), (str(member.pk), 3 * MICRO)])
-    assert refund_job(job_id=attempt.job_id, amount=3 * MICRO, reason="bad node", key="r1",
-                      actor=finance).replayed  # a replay credits nothing twice
-    assert used(org_budget) == (6 * MICRO, 1 * MICRO)
-    refund_job(job_id=attempt.job_id, amount=MICRO, reason="rest", key="r2", actor=finance)
-    assert used(org_budget) == used(member) == (6 * MICRO, 0)
-    assert verify_ledger() == []
