@@ -68,12 +68,13 @@ NEW_KEY_SECONDS = 120
 def _shown_once(request: HttpRequest) -> tuple[ApiKey, str] | tuple[None, None]:
     """(the key just made, its secret) when `?made=` names the user's key whose cookie is here."""
     made = request.GET.get("made", "")
-    if not made.isdigit() or len(made) > 18:
+    if not (made.isascii() and made.isdigit()) or len(made) > 18:  # review: "²" was a 500
         return None, None
     value = request.get_signed_cookie(f"{NEW_KEY_COOKIE}{made}", default=None, salt=NEW_KEY_SALT,
                                       max_age=NEW_KEY_SECONDS)
     user_id, key_id, raw = (value or "::").split(":", 2)
-    key = own_api_keys(request.user).filter(pk=int(made)).first()
+    # A usable key only (review: one revoked in another tab before this GET was shown as new).
+    key = usable_api_keys(request.user, timezone.now()).filter(pk=int(made)).first()
     if key is None or (user_id, key_id) != (str(request.user.pk), made) or not raw:
         return None, None
     return key, raw
@@ -87,8 +88,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         new, raw = _shown_once(request)
         response = _page(request, NewKeyForm(), new_key=raw, new_name=new.name if new else "")
-        if new is not None:
-            response.delete_cookie(f"{NEW_KEY_COOKIE}{new.pk}", path=path, samesite="Strict")
+        made = request.GET.get("made", "")
+        if made.isascii() and made.isdigit() and len(made) <= 18:  # shown or not, it is read once
+            response.delete_cookie(f"{NEW_KEY_COOKIE}{made}", path=path, samesite="Strict")
         if raw is not None:
             response["Cache-Control"] = "no-store"  # the secret must not stay in a cache
         return response

@@ -368,7 +368,7 @@ def test_finance_voids_part_of_one_bucket_to_correct_an_over_issue(finance_clien
     one = {**both, "_selected_action": [bucket.pk]}
     too_much = finance_client.post(url, {**one, "credits": "101"}, follow=True)
     assert [str(m) for m in too_much.context["messages"]] == [
-        f"Bucket {bucket.pk}: Needs 101.00 credits, only 100.00 available."]
+        f"Bucket {bucket.pk}: Cannot void 101.00 credits: only 100.00 are available in this bucket."]
     bucket.refresh_from_db()
     assert bucket.available == 100 * MICRO  # nothing more voided
 

@@ -181,3 +181,19 @@ def test_the_portal_writes_only_the_users_own_keys() -> None:
     assert "accounts.services.create_own_api_key" in services  # this test reads the real imports
     wanted = {f"{module}.{name}" for module, names in allowed.items() for name in names}
     assert services <= wanted, sorted(services - wanted)
+
+
+def test_odd_made_values_and_a_key_revoked_before_the_redirect_show_nothing() -> None:
+    """Review: `?made=²` was a 500 (a Unicode digit); a key revoked in another tab before the
+    redirect was followed was still shown as the new key."""
+    user = UserFactory()
+    client = signed_in(user)
+    for odd in ("²", "-1", "1" * 19, ""):
+        response = client.get("/api-keys/", {"made": odd})
+        assert response.status_code == 200 and 'id="new-key"' not in response.content.decode()
+    made = post(client, "/api-keys/", {"name": "gone", "lifetime": "30"})
+    key = ApiKey.objects.get(user=user)
+    post(client, f"/api-keys/{key.pk}/revoke", {})
+    page = client.get(made["Location"])
+    assert 'id="new-key"' not in page.content.decode()
+    assert page.cookies[f"gpubank_new_api_key_{key.pk}"].value == ""  # read once, shown or not
