@@ -1,7 +1,10 @@
 """Shared fixtures: every test that touches the database runs on PostgreSQL."""
 
+from typing import Any
+
 import pytest
 from django.core.cache import cache
+from django.test import Client
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +22,18 @@ def _clean_redis_cache() -> None:
     stale = list(connection.scan_iter(match=f"LIMITS:{{LIMITER/api{prefix}/*", count=1000))
     if stale:
         connection.delete(*stale)
+
+
+@pytest.fixture
+def operator(db: Any) -> Any:
+    """A superuser: the operator or finance person at the admin."""
+    from tests.factories import UserFactory
+
+    return UserFactory(is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def staff(client: Client, operator: Any) -> Client:
+    """The test client signed in as `operator`."""
+    client.force_login(operator)
+    return client

@@ -23,17 +23,6 @@ pytestmark = pytest.mark.django_db
 ADD = "admin:accounts_apikey_add"
 
 
-@pytest.fixture
-def operator() -> Any:
-    return UserFactory(is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def staff(client: Client, operator: Any) -> Client:
-    client.force_login(operator)
-    return client
-
-
 def _create_event(key: ApiKey) -> AuditEvent:
     return AuditEvent.objects.get(action="accounts.api_key.create", subject_id=str(key.pk))
 

@@ -17,15 +17,9 @@ from django.urls import reverse
 
 from accounts.models import HOLD_WINDOW_MESSAGE, Organization
 from accounts.services import create_organization
-from tests.factories import OrganizationFactory, UserFactory
+from tests.factories import OrganizationFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(UserFactory(is_staff=True, is_superuser=True))
-    return client
 
 
 def _change_url(org: Organization) -> str:

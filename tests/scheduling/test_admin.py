@@ -25,20 +25,13 @@ from scheduling.models import (
     Node,
     Quota,
 )
-from tests.factories import OrganizationFactory, ProjectFactory, UserFactory
+from tests.factories import OrganizationFactory, ProjectFactory
 from tests.scheduling.conftest import H100_PRICE
 
 pytestmark = pytest.mark.django_db
 
 PAGES = ["gputype", "gpuprice", "node", "priorityclass", "quota", "job", "jobattempt", "allocation",
          "schedulerpass"]
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    user = UserFactory(is_staff=True, is_superuser=True)
-    client.force_login(user)
-    return client
 
 
 @pytest.mark.parametrize("model", PAGES)

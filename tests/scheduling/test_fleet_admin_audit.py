@@ -12,22 +12,10 @@ from django.urls import reverse
 from accounts.models import Region
 from audit.models import AuditEvent
 from scheduling.models import GpuType, Node
-from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 NO_ALLOCATIONS = {"allocations-TOTAL_FORMS": 0, "allocations-INITIAL_FORMS": 0}
-
-
-@pytest.fixture
-def operator() -> Any:
-    return UserFactory(is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def staff(client: Client, operator: Any) -> Client:
-    client.force_login(operator)
-    return client
 
 
 def _events(prefix: str) -> list[AuditEvent]:
