@@ -115,3 +115,23 @@ class BudgetCharge(models.Model):
 
     def __str__(self) -> str:
         return f"hold {self.hold_id} on period {self.period_id}"
+
+
+class RefundedCapture(models.Model):
+    """Which of a hold's captures a refund gave back: lay the hold's captures end to end in time
+    order, and this row is the stretch `(lo, hi]` of them. A budget period gets back what of it
+    fell in the period (`budgets.refunds`), so a recount of the period keeps the credit."""
+
+    hold = models.ForeignKey("ledger.Hold", on_delete=models.PROTECT, related_name="+")
+    reference = models.CharField(max_length=128)  # the refund's (its bucket's reference)
+    lo = models.BigIntegerField()
+    hi = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(lo__gte=0) & Q(hi__gt=F("lo")), name="refunded_capture_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold {self.hold_id} ({self.lo}, {self.hi}] refunded by {self.reference}"

@@ -36,6 +36,7 @@ from budgets.models import (
     Enforcement,
 )
 from budgets.periods import current_bounds, period_bounds
+from budgets.refunds import refunded_in_window
 from budgets.selectors import starting_at
 from config import prepared
 from config.clock import db_now
@@ -487,8 +488,9 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
     """Start a budget set mid-period from what its scope already did in the period (QA: a month
     budget set on the 22nd started at zero, and holds placed before it counted only in part).
 
-    `spent` = the scope's captures since the period began; `held` = what its active holds still
-    hold, each counted by a charge, so their later captures and releases move the period like any
+    `spent` = the scope's captures since the period began, less what refunds gave back of them
+    (`budgets.refunds`); `held` = what its active holds still hold; each hold counted by a charge
+    (its held and spent), so their later captures and releases move the period like any
     other hold's. A period row left from an earlier definition with the same start (window ->
     month -> the same window again) is counted afresh too: its old counts missed what happened
     under the other definition (QA). A hold still in flight is counted too: `set_budget` took the
@@ -517,19 +519,23 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
         (period,) = _lock_periods_by_id([period.pk])  # submissions count into it under this lock
         BudgetCharge.objects.filter(period=period).delete()
         BudgetPeriod.objects.filter(pk=period.pk).update(ends_at=ends)
-    spent = LedgerTransaction.objects.filter(
+    holds = Hold.objects.filter(scope)
+    spent = dict(LedgerTransaction.objects.filter(
         org_id=budget.org_id, kind=TransactionKind.CAPTURE, created_at__gte=starts, created_at__lt=ends,
-        hold__in=Hold.objects.filter(scope),
-    ).aggregate(total=Sum("amount"))["total"] or 0
-    held = [
-        BudgetCharge(period=period, hold_id=hold_id, held=authorized - captured - released)
-        for hold_id, authorized, captured, released in active
-        if authorized - captured - released > 0
-    ]
-    BudgetCharge.objects.bulk_create(held)
-    period.held, period.spent = sum(c.held for c in held), spent
+        hold__in=holds,
+    ).values("hold_id").annotate(total=Sum("amount")).values_list("hold_id", "total"))
+    for hold_id, refunded in refunded_in_window(holds, starts, ends).items():  # not spent after all
+        spent[hold_id] = spent.get(hold_id, 0) - refunded
+    held = {hold_id: authorized - captured - released for hold_id, authorized, captured, released in active
+            if authorized - captured - released > 0}
+    # One charge per hold counted (held, spent, or both), so a refund later finds what it spent here.
+    charges = [BudgetCharge(period=period, hold_id=hold_id, held=held.get(hold_id, 0),
+                            spent=max(0, spent.get(hold_id, 0)))
+               for hold_id in sorted(held.keys() | {h for h, v in spent.items() if v > 0})]
+    BudgetCharge.objects.bulk_create(charges)
+    period.held, period.spent = sum(c.held for c in charges), sum(c.spent for c in charges)
     BudgetPeriod.objects.filter(pk=period.pk).update(held=period.held, spent=period.spent)
-    _move_from_other_periods(budget, period, [c.hold_id for c in held])
+    _move_from_other_periods(budget, period, list(held))
     return period
 
 

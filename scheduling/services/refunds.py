@@ -5,7 +5,8 @@ Like a billing system's refund or credit note: the credits go back to the org as
 credits, and a `JobRefund` row ties it to the job, the attempt, the amount, the reason and who
 did it. The job row is locked first (lock order: idempotency record -> job -> ... -> buckets ->
 audit head), then the charges and the refunds so far are re-read, so concurrent refunds of one job
-never add up to more than its captures (docs/ledger.md, "Refunds").
+never add up to more than its captures (docs/ledger.md, "Refunds"). The budgets that counted the
+refunded charges get their room back (`budgets.refunds`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from django.db import transaction
 
+from audit.services import record
+from budgets.refunds import record_refund
 from config.clock import db_now
 from ledger.errors import IdempotencyConflict, InvalidParameter, RefundExceedsCharges
 from ledger.retry import retry_on_conflict
@@ -55,6 +58,16 @@ def _same(
     return refund
 
 
+def _holds_to_refund(job_id: int, attempt: JobAttempt | None) -> list[int]:
+    """The holds whose captures the refund gives back, in order: the attempt's it names, then the
+    job's others, newest attempt first (a job refund may have taken the named attempt's already)."""
+    holds = list(JobAttempt.objects.filter(job_id=job_id).order_by("-number").values_list("hold_id",
+                                                                                        flat=True))
+    if attempt is not None:
+        holds.insert(0, attempt.hold_id)
+    return list(dict.fromkeys(holds))  # once each (attempts may share a hold)
+
+
 @retry_on_conflict()
 @transaction.atomic
 def refund_job(
@@ -91,8 +104,16 @@ def refund_job(
             raise RefundExceedsCharges(amount, max(charged - refunded, 0), charged=charged,
                                        refunded=refunded, what=f"attempt {attempt_number} of job {job.pk}")
     params = {"job": job.pk, "attempt": attempt_number, "key": key}
-    bucket = issue_refund(org=job.org, amount=amount, reference=refund_reference(job.pk, key), reason=reason,
+    reference = refund_reference(job.pk, key)
+    credited = record_refund(org_id=job.org_id, hold_ids=_holds_to_refund(job.pk, attempt), amount=amount,
+                             reference=reference)  # budget periods are locked before the buckets
+    bucket = issue_refund(org=job.org, amount=amount, reference=reference, reason=reason,
                           params=params, expires_at=expires_at, actor=actor)
+    for budget_id, credited_amount in sorted(credited.items()):
+        record(action="budget.refund_credited", subject_type="budget", subject_id=budget_id,
+               org_id=job.org_id, amount=credited_amount, reason_code="refund",
+               actor_type="user" if actor is not None else "system",
+               actor_id=str(actor.pk) if actor is not None else "", data={**params, "reference": reference})
     refund = JobRefund.objects.create(
         job=job, attempt=attempt, org_id=job.org_id, bucket=bucket, amount=amount, reason=reason, key=key,
         created_at=db_now(), created_by=acting_user(actor),

@@ -1,0 +1,56 @@
+"""A refund while the budget's period is being counted afresh, on real connections.
+
+The recount (`set_budget` redefining the period, a window opening) reads the captures and the
+refunds laid on them; a refund committing in between was in neither: not subtracted by the recount,
+and not credited to the new period it could not see yet. The refund now takes the org's
+budget-definition lock shared (`budgets/scope_lock.py`), so it waits for the recount and then
+credits the new period. Failed before (the window kept the refunded 3 as spent)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from budgets.models import BudgetPeriod
+from budgets.services import reserve_budgets, set_budget
+from config.clock import db_now
+from ledger.models import MICRO
+from ledger.services import capture
+from scheduling.services.refunds import refund_job
+from tests.lock_waits import another_session_waits
+from tests.metering.conftest import World, ensure_priority_classes
+from tests.threads import Worker
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refund_waits_for_a_recount_and_credits_the_new_period(make_attempt, funded, world: World) -> None:
+    ensure_priority_classes()
+    funded(100 * MICRO)
+    budget, _ = set_budget(org=world.org, period="month", limit=50 * MICRO, enforcement="hard")
+    attempt = make_attempt(hold_amount=10 * MICRO)
+    reserve_budgets(hold=attempt.hold, org=world.org, project=world.project, user=world.user,
+                    amount=10 * MICRO)
+    capture(hold=attempt.hold, amount=4 * MICRO, key="run")
+    counted, commit = threading.Event(), threading.Event()
+    starts = db_now() - timedelta(days=1)
+
+    def recount() -> None:  # finance makes the month a window: counted afresh, then a pause
+        with transaction.atomic():
+            set_budget(org=world.org, period="window", window_start=starts,
+                       window_end=starts + timedelta(days=2), limit=50 * MICRO, enforcement="hard")
+            counted.set()
+            commit.wait(20)
+
+    recounting = Worker(recount).start()
+    assert counted.wait(10)
+    refunding = Worker(lambda: refund_job(job_id=attempt.job_id, amount=3 * MICRO, reason="bad node",
+                                          key="r1")).start()
+    waited = another_session_waits(refunding.done, wait_event="advisory")
+    commit.set()
+    recounting.join(), refunding.join()
+    assert recounting.errors == refunding.errors == []
+    assert waited, "the refund did not wait for the recount: no race"
+    assert BudgetPeriod.objects.get(budget=budget, starts_at=starts).spent == MICRO
