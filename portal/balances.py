@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser
+
 from accounts.models import Organization, Project
 from ledger.selectors import balance_breakdown
 from portal.access import OrgView
+from portal.budgets import BudgetLine, budgets_for
 from portal.charts import Segment, stacked_bar
 
 COLUMNS = ("available", "held", "spent", "expired", "voided")
@@ -106,6 +109,7 @@ class Panel:
     # totals are not its own; these are. None for a whole org.
     project_usage: ProjectUsage | None = None
     segments: list[Segment] = field(default_factory=list)
+    budgets: list[BudgetLine] = field(default_factory=list)  # the ones the viewer may see
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ def _bucket_row(row: dict[str, Any], *, as_of: datetime, project_slugs: dict[int
 
 
 def _panel(
-    *, key: str, title: str, subtitle: str, data: dict[str, Any], project_slugs: dict[int, str]
+    *, key: str, title: str, subtitle: str, data: dict[str, Any], project_slugs: dict[int, str],
+    budgets: list[BudgetLine],
 ) -> Panel:
     totals = Amounts.of(data["totals"])
     buckets = [_bucket_row(row, as_of=data["as_of"], project_slugs=project_slugs) for row in data["buckets"]]
@@ -157,24 +162,27 @@ def _panel(
         buckets=buckets,
         project_usage=ProjectUsage(held=usage["held"], spent=usage["spent"]) if usage is not None else None,
         segments=totals.segments(),
+        budgets=budgets,
     )
 
 
-def org_balances(view: OrgView) -> OrgBalance:
+def org_balances(view: OrgView, user: AbstractBaseUser) -> OrgBalance:
     """The panels a user sees for one org: the whole org (members), then each of their projects."""
     slugs = dict(Project.objects.filter(org=view.org).values_list("id", "slug"))
+    org_budgets, project_budgets = budgets_for(user, view)
     panels = []
     if view.sees_whole_org:
         panels.append(
             _panel(key=f"org-{view.org.slug}", title="Whole organization",
                    subtitle="every bucket of the org, project-scoped ones included",
-                   data=balance_breakdown(org=view.org), project_slugs=slugs)
+                   data=balance_breakdown(org=view.org), project_slugs=slugs, budgets=org_budgets)
         )
     for project in view.projects:
         panels.append(
             _panel(key=f"project-{view.org.slug}-{project.slug}", title=f"Project {project.name}",
                    subtitle="what this project can spend: its own buckets and the org-wide ones, "
                    "which the org's other projects share",
-                   data=balance_breakdown(org=view.org, project=project), project_slugs=slugs)
+                   data=balance_breakdown(org=view.org, project=project), project_slugs=slugs,
+                   budgets=project_budgets[project.pk])
         )
     return OrgBalance(org=view.org, role=view.role, panels=panels)

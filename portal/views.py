@@ -22,7 +22,7 @@ JOBS_SHOWN = 50
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     """The signed-in user's balances in every org/project they belong to, and their jobs."""
-    orgs = [org_balances(view) for view in visible_orgs(request.user)]
+    orgs = [org_balances(view, request.user) for view in visible_orgs(request.user)]
     jobs = list(user_jobs(user=request.user, limit=JOBS_SHOWN))
     # QA: the list stopped at 50 without saying so. Counted only when the page is full.
     jobs_total = Job.objects.filter(user=request.user).count() if len(jobs) == JOBS_SHOWN else len(jobs)
@@ -57,7 +57,7 @@ def org_detail(request: HttpRequest, slug: str) -> HttpResponse:
         request,
         "portal/org.html",
         {
-            "org": org_balances(view),
+            "org": org_balances(view, request.user),
             "quotas": org_quotas(view.org, projects),
             "can_see_dashboard": dashboard_scope(request.user) is not None,
         },

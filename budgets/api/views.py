@@ -1,7 +1,8 @@
 """`GET`/`PUT` budgets at org, project and member-in-project level.
 
 Setting any budget, and reading a project's or a member's, is for org owners/admins and finance;
-the org's budget is org-wide money, read by whoever may read the org's balance (docs/api.md)."""
+a member reads their own; the org's budget is org-wide money, read by whoever may read the org's
+balance (docs/api.md)."""
 
 from abc import ABC, abstractmethod
 from typing import Any
@@ -45,7 +46,7 @@ class _BudgetView(GenericAPIView, ABC):
         caller may read or set it, so a 404 here tells no one else who is a member."""
         return None
 
-    def require_reader(self, request: Request, org: Organization) -> None:
+    def require_reader(self, request: Request, org: Organization, **kwargs: Any) -> None:
         """Who may read this level's budget: org owners/admins and finance, as for setting it
         (visibility alone let a project-only member read it, QA)."""
         require_org_manager(request.user, org)
@@ -53,7 +54,7 @@ class _BudgetView(GenericAPIView, ABC):
     def _get(self, request: Request, **kwargs: Any) -> Response:
         no_query(request)
         org, project = self.scope(request, **kwargs)
-        self.require_reader(request, org)
+        self.require_reader(request, org, **kwargs)
         user = self.member(request, project, **kwargs)
         budget = Budget.objects.filter(org=org, project=project, user=user).first()
         if budget is None:
@@ -85,7 +86,7 @@ class OrgBudgetView(_BudgetView):
     def scope(self, request: Request, **kwargs: Any) -> tuple[Organization, Project | None]:
         return get_visible_org(request.user, kwargs["org_id"]), None
 
-    def require_reader(self, request: Request, org: Organization) -> None:
+    def require_reader(self, request: Request, org: Organization, **kwargs: Any) -> None:
         """The org's held and spent are org-wide money: what `/orgs/{id}/balance` requires (org
         members and finance; a project-only member gets 403, QA)."""
         require_org_reader(request.user, org, "its budget")
@@ -128,6 +129,13 @@ class MemberBudgetView(_BudgetView):
                            "budget is for one of its members (an org owner who submits jobs without "
                            "being a member is bounded by the project and org budgets).")
         return user
+
+    def require_reader(self, request: Request, org: Organization, **kwargs: Any) -> None:
+        """A member reads their own budget too (QA: a member refused `budget-exceeded` could not
+        see the budget that refused them); anyone else's, owners/admins and finance."""
+        if kwargs["user_id"] == request.user.pk:
+            return  # `member` still answers 404 unless they are a member of the project
+        super().require_reader(request, org)
 
     @extend_schema(operation_id="projects_member_budget_retrieve", **_GET)
     def get(self, request: Request, project_id: int, user_id: int) -> Response:

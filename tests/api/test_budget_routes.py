@@ -12,7 +12,7 @@ from budgets.models import Budget
 from budgets.services import set_budget
 from tests.api.conftest import client_for
 from tests.api.factories import Tenant, make_tenant
-from tests.factories import OrgMembershipFactory, UserFactory
+from tests.factories import MembershipFactory, OrgMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -34,11 +34,15 @@ def _urls(t: Tenant) -> dict[str, str]:
 
 def test_a_project_only_member_gets_403_on_every_budget_like_the_org_balance(budgeted: Tenant) -> None:
     """QA: a project-only member read the org's held and spent at GET /orgs/{id}/budget while
-    /orgs/{id}/balance answered them 403. Reading a project's or a member's budget is for org
-    owners/admins (docs/api.md), so their own project's and their own are 403 too."""
+    /orgs/{id}/balance answered them 403. Reading a project's or another member's budget is for org
+    owners/admins (docs/api.md), so their own project's is 403 too; their own budget they read
+    (QA, session 18: a member refused `budget-exceeded` could not see it)."""
     member = client_for(budgeted.user)
     assert member.get(f"/api/v1/orgs/{budgeted.org.pk}/balance").status_code == 403
-    for level, url in _urls(budgeted).items():
+    own = member.get(_urls(budgeted)["member"])
+    assert own.status_code == 200 and own.json()["limit"] == 10**10
+    for level in ("org", "project"):
+        url = _urls(budgeted)[level]
         response = member.get(url)
         assert response.status_code == 403, (level, response.content)
         assert response.json()["type"] == "permission-denied"
@@ -66,12 +70,15 @@ def test_an_org_member_reads_the_org_budget_and_only_managers_read_the_others(bu
 
 def test_a_member_is_not_told_who_else_is_a_member(budgeted: Tenant) -> None:
     """The member route checks the caller before it looks the user up: a project member who may
-    not read or set member budgets gets 403 for a member and a stranger alike, not 200/404."""
+    not read or set others' budgets gets 403 for a member and a stranger alike, not 200/404; they
+    read their own budget but do not set it."""
     member = client_for(budgeted.user)
     stranger = UserFactory()
-    for user_id in (budgeted.user.pk, stranger.pk, 2**63):
+    other = UserFactory()
+    MembershipFactory(project=budgeted.project, user=other)
+    for user_id in (budgeted.user.pk, other.pk, stranger.pk, 2**63):
         url = f"/api/v1/projects/{budgeted.project.pk}/members/{user_id}/budget"
-        assert member.get(url).status_code == 403
+        assert member.get(url).status_code == (200 if user_id == budgeted.user.pk else 403)
         put = member.put(url, {"period": "month", "limit": 1, "enforcement": "hard"}, format="json",
                          HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
         assert put.status_code == 403
