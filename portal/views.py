@@ -10,7 +10,9 @@ from portal import dashboard as dashboard_snapshot
 from portal.access import dashboard_scope, org_view_for, visible_orgs
 from portal.balances import org_balances
 from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
+from portal.job_costs import job_costs
 from portal.selectors import user_jobs
+from scheduling import job_reads
 from scheduling.fleet_report import org_quotas
 from scheduling.models import Job, JobState
 from scheduling.selectors import standings_of
@@ -62,6 +64,24 @@ def org_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "can_see_dashboard": dashboard_scope(request.user) is not None,
         },
     )
+
+
+@require_GET
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One job as `GET /api/v1/jobs/{id}` shows it (same reads: `scheduling.job_reads`): what it
+    asked for, why it waits or how it ended, and what it cost, attempt by attempt. 404 for a job
+    of a project the user does not see."""
+    jobs = job_reads.visible_jobs(request.user).select_related("org", "project", "user")
+    job = job_reads.job_detail(request.user, job_id, jobs)
+    if job is None:
+        raise Http404("No such job.")
+    if job.state == JobState.QUEUED:
+        found = standings_of([job])
+        standing = found.by_job[job.pk]
+        job.queue_position = standing.position if standing else None
+        job.queue_length = found.queue_length
+    return render(request, "portal/job.html", {"job": job, **job_costs(job)})
 
 
 @require_GET

@@ -5,8 +5,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.generics import GenericAPIView
@@ -49,7 +47,8 @@ from scheduling.api.serializers import (
 from scheduling.class_report import priority_classes_for
 from scheduling.fairshare_report import org_fair_share
 from scheduling.fleet_report import gpu_types, org_quotas
-from scheduling.models import Job, JobAttempt, JobRefund
+from scheduling.job_reads import ATTEMPT_DETAIL, job_detail, visible_jobs, with_refunded
+from scheduling.models import Job
 from scheduling.selectors import job_charged, job_refunded, job_standing
 from scheduling.services.holding import hold_job, release_job
 from scheduling.services.lifecycle import cancel_job
@@ -62,28 +61,6 @@ from scheduling.services.submission_sql import submit_job_in_sql
 # (deep copies), which cost more than validating one body. See `config.api.serializers.validated`.
 _JOB_SUBMIT = JobSubmitSerializer()
 _JOB_SUBMIT.fields  # noqa: B018 (build the fields now, not racing on first use)
-
-
-# What a job's detail shows of its attempts: type, the charge (its hold), the nodes it ran on.
-ATTEMPT_DETAIL = (
-    Prefetch("attempts", queryset=JobAttempt.objects.select_related("gpu_type", "hold")
-             .prefetch_related("allocations__node").order_by("number")),
-)
-
-
-def with_refunded(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """The detail's `refunded`, in the job's own query (no query more per detail)."""
-    total = JobRefund.objects.filter(job_id=OuterRef("pk")).order_by().values("job_id").annotate(
-        total=Sum("amount")).values("total")
-    return jobs.annotate(refunded_total=Coalesce(Subquery(total), 0))
-
-
-def visible_jobs(user: Any) -> QuerySet[Job]:
-    return (
-        Job.objects.filter(project__in=visible_projects(user))
-        .select_related("priority_class", "current_hold")
-        .prefetch_related("depends_on")
-    )
 
 
 def get_visible_job(user: Any, job_id: int) -> Job:
@@ -199,8 +176,7 @@ class JobDetailView(GenericAPIView):
     @extend_schema(operation_id="jobs_retrieve", responses=JobDetailSerializer)
     def get(self, request: Request, job_id: int) -> Response:
         no_query(request)
-        jobs = with_refunded(visible_jobs(request.user)).prefetch_related(*ATTEMPT_DETAIL)
-        job = jobs.filter(pk=job_id).first()
+        job = job_detail(request.user, job_id, visible_jobs(request.user))
         if job is None:
             raise NotFound("No such job.")
         return Response(JobDetailSerializer(job).data)

@@ -13,6 +13,7 @@ import pytest
 from django.db import connections
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from budgets.services import set_budget
 from ledger.models import MICRO
 from ledger.services import capture
 from portal.tasks import broadcast_dashboard
@@ -131,7 +132,12 @@ def test_pages_fit_a_phone_screen(browser: Browser, live_server: object, world: 
         base = live_server.url
         # A member, and finance staff with the dashboard link in the header (QA: its Sign out
         # button was cut off when the header had more links).
-        for user, paths in (("alice", ("/", "/orgs/acme/", "/api-keys/")), ("carol", ("/", "/dashboard/"))):
+        # With budgets (their table) and a job's page (its attempts table) too.
+        set_budget(org=world.acme, period="month", limit=500 * MICRO, enforcement="hard")
+        set_budget(org=world.acme, project=world.vision, user=world.alice, period="month", limit=70 * MICRO,
+                   enforcement="hard")
+        alice_paths = ("/", "/orgs/acme/", "/api-keys/", f"/jobs/{world.job.pk}/")
+        for user, paths in (("alice", alice_paths), ("carol", ("/", "/dashboard/"))):
             _sign_in(page, base, user)
             for path in paths:
                 page.goto(f"{base}{path}")
