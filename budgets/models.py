@@ -118,20 +118,20 @@ class BudgetCharge(models.Model):
 
 
 class RefundedCapture(models.Model):
-    """Which of a hold's captures a refund gave back: lay the hold's captures end to end in time
-    order, and this row is the stretch `(lo, hi]` of them. A budget period gets back what of it
-    fell in the period (`budgets.refunds`), so a recount of the period keeps the credit."""
+    """What a refund gave back of one capture of a hold. A budget period that counted the capture
+    gets it back (`budgets.refunds`), and a recount of a period subtracts the refunded captures
+    made in it, so the credit is not lost."""
 
+    capture = models.ForeignKey("ledger.LedgerTransaction", on_delete=models.PROTECT, related_name="+")
     hold = models.ForeignKey("ledger.Hold", on_delete=models.PROTECT, related_name="+")
     reference = models.CharField(max_length=128)  # the refund's (its bucket's reference)
-    lo = models.BigIntegerField()
-    hi = models.BigIntegerField()
+    amount = models.BigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(lo__gte=0) & Q(hi__gt=F("lo")), name="refunded_capture_range"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="refunded_capture_amount_positive"),
         ]
 
     def __str__(self) -> str:
-        return f"hold {self.hold_id} ({self.lo}, {self.hi}] refunded by {self.reference}"
+        return f"{self.amount} of capture {self.capture_id} refunded by {self.reference}"

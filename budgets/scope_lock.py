@@ -12,6 +12,9 @@ scheduler's single bigint key):
 - every transaction that creates a hold counted in budgets takes the org's key SHARED before it
   reads the budgets — submissions wait (`share`), while a requeue, which may already hold locks
   on other holds of the org, only tries (`try_share`) and waits `budget` for a retry;
+- a refund, which credits the budget periods that counted the job's spending and lays the refund
+  on its captures (`budgets.refunds`), takes the key SHARED (`share`) before it reads them, so a
+  recount in flight commits first and a later one subtracts the refunded captures;
 - setting a budget takes the key EXCLUSIVE first (`own`), so it waits until every such
   transaction in flight has committed, and every later one reads the budgets after it commits.
 

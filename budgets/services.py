@@ -36,11 +36,11 @@ from budgets.models import (
     Enforcement,
 )
 from budgets.periods import current_bounds, period_bounds
-from budgets.refunds import refunded_in_window
 from budgets.selectors import starting_at
+from budgets.spent_counts import insert_spent_charges
 from config import prepared
 from config.clock import db_now
-from ledger.models import Hold, HoldState, LedgerTransaction, TransactionKind
+from ledger.models import Hold, HoldState
 from ledger.signals import funds_changed
 
 LEVEL_RANK = Case(
@@ -519,23 +519,23 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
         (period,) = _lock_periods_by_id([period.pk])  # submissions count into it under this lock
         BudgetCharge.objects.filter(period=period).delete()
         BudgetPeriod.objects.filter(pk=period.pk).update(ends_at=ends)
-    holds = Hold.objects.filter(scope)
-    spent = dict(LedgerTransaction.objects.filter(
-        org_id=budget.org_id, kind=TransactionKind.CAPTURE, created_at__gte=starts, created_at__lt=ends,
-        hold__in=holds,
-    ).values("hold_id").annotate(total=Sum("amount")).values_list("hold_id", "total"))
-    for hold_id, refunded in refunded_in_window(holds, starts, ends).items():  # not spent after all
-        spent[hold_id] = spent.get(hold_id, 0) - refunded
+    # One charge per hold counted (its spent, its held, or both), so a refund later finds what it
+    # spent here: the spending by one statement, then the active holds' held.
+    insert_spent_charges(period, budget, starts, ends)
     held = {hold_id: authorized - captured - released for hold_id, authorized, captured, released in active
             if authorized - captured - released > 0}
-    # One charge per hold counted (held, spent, or both), so a refund later finds what it spent here.
-    charges = [BudgetCharge(period=period, hold_id=hold_id, held=held.get(hold_id, 0),
-                            spent=max(0, spent.get(hold_id, 0)))
-               for hold_id in sorted(held.keys() | {h for h, v in spent.items() if v > 0})]
-    BudgetCharge.objects.bulk_create(charges)
-    period.held, period.spent = sum(c.held for c in charges), sum(c.spent for c in charges)
+    held_ids = list(held)
+    charges = BudgetCharge.objects.filter(period=period)
+    spending = list(charges.filter(hold_id__in=held_ids))
+    for charge in spending:
+        charge.held = held.pop(charge.hold_id)
+    BudgetCharge.objects.bulk_update(spending, ["held"])
+    BudgetCharge.objects.bulk_create([BudgetCharge(period=period, hold_id=hold_id, held=amount)
+                                      for hold_id, amount in held.items()])
+    totals = charges.aggregate(held=Sum("held"), spent=Sum("spent"))
+    period.held, period.spent = totals["held"] or 0, totals["spent"] or 0
     BudgetPeriod.objects.filter(pk=period.pk).update(held=period.held, spent=period.spent)
-    _move_from_other_periods(budget, period, list(held))
+    _move_from_other_periods(budget, period, held_ids)
     return period
 
 
