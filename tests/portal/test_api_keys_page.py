@@ -251,3 +251,32 @@ def test_a_form_without_the_key_it_was_shown_with_makes_no_key(key) -> None:
     response = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30", "key": key})
     assert response.status_code == 400 and "This form is out of date" in response.content.decode()
     assert not ApiKey.objects.exists()
+
+
+def test_a_revoked_keys_row_keeps_its_expiry_and_says_when_it_was_revoked() -> None:
+    """QA: the Expires column of a revoked key read "revoked <date>" and its expiry was no longer
+    shown. The state says when it was revoked; Expires stays the expiry."""
+    from django.utils import timezone
+
+    user = UserFactory()
+    client = signed_in(user)
+    post(client, "/api-keys/", {"name": "old", "lifetime": "30"})
+    post(client, "/api-keys/", {"name": "forever", "lifetime": ""})
+    old, forever = ApiKey.objects.get(name="old"), ApiKey.objects.get(name="forever")
+    for key in (old, forever):
+        post(client, f"/api-keys/{key.pk}/revoke", {})
+        key.refresh_from_db()
+    page = client.get("/api-keys/").content.decode()
+
+    def cells(key: ApiKey) -> list[str]:
+        row = re.search(rf'<tr data-key="{key.pk}">(.*?)</tr>', page, re.S)
+        assert row, page
+        found = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        return [re.sub(r"\s+", " ", cell).strip() for cell in found]
+
+    def when(value: Any) -> str:
+        return f"{timezone.localtime(value):%Y-%m-%d %H:%M}"
+
+    # key starts, state, made, expires, last used, (no revoke button)
+    assert cells(old)[1:4] == [f"Revoked {when(old.revoked_at)}", when(old.created_at), when(old.expires_at)]
+    assert cells(forever)[1:4] == [f"Revoked {when(forever.revoked_at)}", when(forever.created_at), "never"]
