@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,11 +13,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from config.errors import DomainError
+from config.form_keys import new_form_key
 from config.readonly_admin import ReadOnlyAdminMixin
 from ledger.admin_forms import IssueCreditsForm, VoidForm
 from ledger.admin_statements import statement_view
 from ledger.clock import ledger_now
-from ledger.errors import InvalidExpiry
+from ledger.errors import IdempotencyConflict, InvalidExpiry
 from ledger.models import Account, Bucket, Hold, HoldLine, LedgerTransaction, Posting, TransactionKind
 from ledger.selectors import released_to_expiry_sql
 from ledger.services import issue_credits, void_credits
@@ -194,18 +194,29 @@ class BucketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.action(description="Void available credits of the selected buckets (all or part; close them)",
                   permissions=["void_credits"])
     def void_available(self, request: HttpRequest, queryset: QuerySet[Bucket]) -> HttpResponse | None:
-        form = VoidForm(request.POST if "apply" in request.POST else None, buckets=queryset.count())
-        if "apply" in request.POST and form.is_valid():
-            batch = uuid.uuid4().hex[:12]
+        applying = "apply" in request.POST
+        form = VoidForm(request.POST if applying else None, buckets=queryset.count(),
+                        initial={"key": new_form_key()})
+        if applying and form.is_valid():
+            # The form's key, made when it was shown: the same form submitted twice voids once
+            # (QA: a key made per POST voided a part twice on a double click).
+            batch = form.cleaned_data["key"]
             for bucket in queryset.order_by("pk"):
                 try:
                     txn = void_credits(
                         bucket=bucket, reason=form.cleaned_data["reason"], key=f"admin:{batch}:{bucket.pk}",
                         actor=request.user, close=form.cleaned_data["close"], amount=form.micro_credits(),
                     )
+                except IdempotencyConflict as error:
+                    self.message_user(request, f"Bucket {bucket.pk}: {error.detail} Open the action again "
+                                      "for another void.", messages.WARNING)
                 except DomainError as error:
                     self.message_user(request, f"Bucket {bucket.pk}: {error.detail}", messages.WARNING)
                 else:
+                    if txn is not None and txn.replayed:
+                        self.message_user(request, f"Voided {txn.amount} micro-credits of bucket {bucket.pk} "
+                                          "(already done: nothing new).", messages.WARNING)
+                        continue
                     message = _void_message(bucket.pk, txn, close=form.cleaned_data["close"])
                     self.message_user(request, message)
             return None

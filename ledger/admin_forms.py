@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 
 from accounts.models import Organization, Project
+from config.form_keys import FormKeyField
 from ledger.amounts import MAX_AMOUNT
 from ledger.models import MICRO, BucketKind, BucketSource
 
@@ -81,7 +82,8 @@ class IssueCreditsForm(forms.Form):
 
 class VoidForm(forms.Form):
     """The reason (mandatory) for voiding the selected buckets' available credits (all of it, or a
-    part of one bucket's), and whether to close them (offered ticked)."""
+    part of one bucket's), and whether to close them (offered ticked); `key` is made when the form
+    is first shown, so submitting it twice voids once (QA: a double click voided a part twice)."""
 
     def __init__(self, *args: Any, buckets: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -112,6 +114,7 @@ class VoidForm(forms.Form):
         help_text="End their validity now: credits their running jobs give back later expire instead of "
         "becoming spendable again. Leave unticked to void only what is available now.",
     )
+    key = FormKeyField()
 
 
 class RefundForm(forms.Form):
@@ -126,7 +129,7 @@ class RefundForm(forms.Form):
                                  help_text="An attempt's number; empty: the job.")
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
     expires_at = forms.DateTimeField(required=False, help_text="Empty: the credits never expire.")
-    key = forms.CharField(widget=forms.HiddenInput, max_length=64)
+    key = FormKeyField()
 
     def micro_credits(self) -> int:
         return int(self.cleaned_data["credits"] * MICRO)

@@ -124,6 +124,9 @@ class LedgerTransaction(models.Model):
     # The operation's parameters, compared on a retry with the same key (idempotency).
     params = models.JSONField(default=dict, blank=True)
     request_id = models.CharField(max_length=64, blank=True, default="")
+    # Not a column: `void_credits` sets it on the transaction it returns for a key already used
+    # with the same parameters (nothing new written), so callers can say so instead of "voided".
+    replayed: bool = False
 
     class Meta:
         constraints = [

@@ -18,6 +18,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import ApiKey
 from accounts.selectors import own_api_keys, usable_api_keys
 from accounts.services import AccountsError, TooManyKeys, create_own_api_key, key_state, revoke_api_key
+from config.api.errors import IdempotencyKeyInFlight, IdempotencyKeyReused
+from config.api.idempotency import run_once
+from config.form_keys import FormKeyField, new_form_key
 from config.text import has_control_characters
 from portal.access import dashboard_scope
 
@@ -26,8 +29,12 @@ LIFETIMES = [("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Neve
 
 
 class NewKeyForm(forms.Form):
+    """`key` is made when the page is shown: the same form sent twice (a double click, a resent
+    POST) makes one key (QA: it made two)."""
+
     name = forms.CharField(max_length=100, strip=True, help_text="What the key is for, e.g. laptop or CI.")
     lifetime = forms.ChoiceField(choices=LIFETIMES, initial="90", required=False, label="Expires in")
+    key = FormKeyField()
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
@@ -40,8 +47,12 @@ class NewKeyForm(forms.Form):
         return timezone.now() + timedelta(days=int(days)) if days else None
 
 
+def _new_form() -> NewKeyForm:
+    return NewKeyForm(initial={"key": new_form_key()})
+
+
 def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None, new_name: str = "",
-          status: int = 200) -> HttpResponse:
+          made_name: str = "", status: int = 200) -> HttpResponse:
     now = timezone.now()
     mine = own_api_keys(request.user)
     usable = usable_api_keys(request.user, now)
@@ -50,7 +61,7 @@ def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
     for key in keys:
         key.state = key_state(key, now)
     return render(request, "portal/keys.html", {
-        "form": form, "keys": keys, "new_key": new_key, "new_name": new_name,
+        "form": form, "keys": keys, "new_key": new_key, "new_name": new_name, "made_name": made_name,
         "can_see_dashboard": dashboard_scope(request.user) is not None,
     }, status=status)
 
@@ -65,19 +76,40 @@ NEW_KEY_SALT = "portal.api-keys.new"
 NEW_KEY_SECONDS = 120
 
 
-def _shown_once(request: HttpRequest) -> tuple[ApiKey, str] | tuple[None, None]:
-    """(the key just made, its secret) when `?made=` names the user's key whose cookie is here."""
+def _shown_once(request: HttpRequest) -> tuple[ApiKey | None, str | None]:
+    """(the key just made, its secret) when `?made=` names the user's usable key; the secret only
+    when its cookie is here (a reload, or the answer to the same form sent twice, has none)."""
     made = request.GET.get("made", "")
     if not (made.isascii() and made.isdigit()) or len(made) > 18:  # review: "²" was a 500
+        return None, None
+    # A usable key only (review: one revoked in another tab before this GET was shown as new).
+    key = usable_api_keys(request.user, timezone.now()).filter(pk=int(made)).first()
+    if key is None:
         return None, None
     value = request.get_signed_cookie(f"{NEW_KEY_COOKIE}{made}", default=None, salt=NEW_KEY_SALT,
                                       max_age=NEW_KEY_SECONDS)
     user_id, key_id, raw = (value or "::").split(":", 2)
-    # A usable key only (review: one revoked in another tab before this GET was shown as new).
-    key = usable_api_keys(request.user, timezone.now()).filter(pk=int(made)).first()
-    if key is None or (user_id, key_id) != (str(request.user.pk), made) or not raw:
-        return None, None
+    if (user_id, key_id) != (str(request.user.pk), made) or not raw:
+        return key, None
     return key, raw
+
+
+def _make_key(request: HttpRequest, form: NewKeyForm, path: str) -> tuple[int, str | None, bool]:
+    """(the key's id, its secret, whether this form had made it already): at most one key per
+    form key, as the API's Idempotency-Key (`run_once`; the record keeps the id, never the secret).
+    Raises what `create_own_api_key` or the idempotency record refuse."""
+    made: dict[str, str] = {}
+
+    def effect() -> tuple[int, dict[str, int]]:
+        key, made["raw"] = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
+                                              expires_at=form.expires_at(), via="portal")
+        return 303, {"id": key.pk}
+
+    fields = {"name": form.cleaned_data["name"], "lifetime": form.cleaned_data["lifetime"]}
+    # Not "user:<id>", the API's principal: an Idempotency-Key its caller chose must not meet these.
+    _, body, replayed = run_once(principal=f"portal:user:{request.user.pk}", key=form.cleaned_data["key"],
+                                 body=fields, effect=effect, path=path)
+    return int(body["id"]), made.get("raw"), replayed
 
 
 @require_http_methods(["GET", "POST"])
@@ -87,7 +119,8 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     path = reverse("portal:api-keys")
     if request.method == "GET":
         new, raw = _shown_once(request)
-        response = _page(request, NewKeyForm(), new_key=raw, new_name=new.name if new else "")
+        response = _page(request, _new_form(), new_key=raw, new_name=new.name if new and raw else "",
+                         made_name=new.name if new and raw is None else "")
         made = request.GET.get("made", "")
         if made.isascii() and made.isdigit() and len(made) <= 18:  # shown or not, it is read once
             response.delete_cookie(f"{NEW_KEY_COOKIE}{made}", path=path, samesite="Strict")
@@ -98,14 +131,26 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, status=400)
     try:
-        key, raw = create_own_api_key(user=request.user, name=form.cleaned_data["name"],
-                                      expires_at=form.expires_at(), via="portal")
+        key_id, raw, replayed = _make_key(request, form, path)
     except (TooManyKeys, AccountsError) as error:
         form.add_error(None, error.detail)
         return _page(request, form, status=409 if isinstance(error, TooManyKeys) else 400)
-    response = HttpResponseRedirect(f"{path}?made={key.pk}", status=303)
+    except (IdempotencyKeyReused, IdempotencyKeyInFlight) as error:
+        # This form made a key already (sent back edited) or is still making it: the same fields
+        # in a new form (a new key), which makes another key if sent.
+        again = NewKeyForm({**request.POST.dict(), "key": new_form_key()})
+        again.is_valid()
+        again.add_error(None, "This form was sent already and made a key; it makes no other. Send this "
+                        "one to make another." if isinstance(error, IdempotencyKeyReused)
+                        else "This form is still being sent: reload the page in a moment.")
+        return _page(request, again, status=409)
+    response = HttpResponseRedirect(f"{path}?made={key_id}", status=303)
+    if replayed:
+        # The first answer set the secret's cookie (the browser sends it back with this request
+        # if it kept it; the GET shows it then); nothing new was made.
+        return response
     response.set_signed_cookie(
-        f"{NEW_KEY_COOKIE}{key.pk}", f"{request.user.pk}:{key.pk}:{raw}", salt=NEW_KEY_SALT,
+        f"{NEW_KEY_COOKIE}{key_id}", f"{request.user.pk}:{key_id}:{raw}", salt=NEW_KEY_SALT,
         max_age=NEW_KEY_SECONDS, path=path, httponly=True, samesite="Strict",
         secure=settings.SESSION_COOKIE_SECURE,
     )

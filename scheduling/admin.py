@@ -5,7 +5,6 @@ and audited (config.audited_admin)."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -359,6 +358,7 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Credit (refund) the selected job's charges", permissions=["refund"])
     def refund(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        from config.form_keys import new_form_key
         from ledger.admin_forms import RefundForm
         from scheduling.selectors import job_charged, job_refunded
         from scheduling.services.refunds import refund_job
@@ -369,7 +369,7 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return None
         job = jobs[0]
         applying = "apply" in request.POST
-        form = RefundForm(request.POST if applying else None, initial={"key": uuid.uuid4().hex})
+        form = RefundForm(request.POST if applying else None, initial={"key": new_form_key()})
         if applying and form.is_valid():
             data = form.cleaned_data
             try:

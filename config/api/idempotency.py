@@ -278,8 +278,25 @@ def run_idempotent(
     rows (locked by the effect) locked one round trip less.
     """
     key = key_of(request)
-    principal = principal_of(request)
     fp = fingerprint(request.method or "", request.path, request.data)
+    return _run(principal_of(request), key, fp, effect, deferred_writes, pass_now, redact)
+
+
+def run_once(*, principal: str, key: str, body: Any, effect: Effect, path: str) -> tuple[int, Any, bool]:
+    """`run_idempotent` for a write that is not an API request: a portal form posted with the
+    hidden key it was shown with (config/form_keys.py), so the same form sent twice writes once.
+
+    `principal` must not be an API caller's ("user:<id>"), whose keys they choose themselves.
+    `body` (the form's fields) and `path` make the fingerprint: the same key with other fields is
+    `IdempotencyKeyReused`. Returns (status, body, replayed); the stored body must hold no secret.
+    """
+    response = _run(principal, key, fingerprint("POST", path, body), effect, None, False, None)
+    return response.status_code, response.data, response.headers.get(REPLAYED_HEADER) == "true"
+
+
+def _run(principal: str, key: str, fp: str, effect: Effect,
+         deferred_writes: list[tuple[str, list[Any]]] | None, pass_now: bool,
+         redact: Callable[[Any], Any] | None) -> Response:
     for attempt in range(1, RETRIES + 1):
         try:
             with transaction.atomic():

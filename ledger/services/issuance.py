@@ -257,8 +257,12 @@ def void_credits(
     if close:
         params["close"] = True
     txn_key = f"void:{key}"
-    previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.VOID, params=params)
+    try:
+        previous = replay(org_id=locked.org_id, key=txn_key, kind=TransactionKind.VOID, params=params)
+    except IdempotencyConflict as conflict:
+        raise _void_conflict(locked.org_id, txn_key, params) from conflict
     if previous is not None:
+        previous.replayed = True
         return previous
     now = ledger_now()
     to_void = locked.available if amount is None else amount
@@ -289,6 +293,28 @@ def void_credits(
     if closing:
         _close(locked, now=now, reason=reason, actor=actor)
     return txn
+
+
+def _void_conflict(org_id: int, txn_key: str, params: dict[str, Any]) -> IdempotencyConflict:
+    """Say what the key already did: the same key with another amount (the admin's form sent again
+    after its amount was edited) voids nothing more, and finance must see why, not a bare key."""
+    first = LedgerTransaction.objects.get(org_id=org_id, key=txn_key)
+    done = first.params if first.kind == TransactionKind.VOID else {}
+    if not done:
+        return IdempotencyConflict(f"Key {txn_key!r} was already used for a {first.kind} transaction: "
+                                   "nothing was voided.", key=txn_key, original=first.params)
+    closed = ", closing it" if done.get("close") else ""
+    amount = params["amount"]
+    asked = "everything available" if amount is None else f"{format_credits(amount)} credits"
+    if params.get("close"):
+        asked += ", closing it"
+    if params["bucket"] != done.get("bucket"):
+        asked += f", of bucket {params['bucket']}"
+    return IdempotencyConflict(
+        f"This void was done already: it voided {format_credits(first.amount)} credits of bucket "
+        f"{done.get('bucket')}{closed}. The same key with other terms ({asked}) voids nothing more.",
+        key=txn_key, original=done, requested=params,
+    )
 
 
 def _close(bucket: Bucket, *, now: datetime, reason: str, actor: Any) -> None:

@@ -253,8 +253,15 @@ class JobListQuerySerializer(StrictQuerySerializer):
     page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("state"), str):
-            data = {**data, "state": [s for s in data["state"].split(",") if s]}
+        if isinstance(data, dict) and isinstance(data.get("state"), str) and data["state"]:
+            states = data["state"].split(",")
+            if "" in states:
+                # QA: `queued,,running` (or `queued,`, `state=queued&state=`) dropped the empty item
+                # silently while `state=` alone is a 400: a slip is never ignored.
+                raise serializers.ValidationError({"state": [
+                    "An empty state in the list: give states separated by single commas, e.g. queued,running."
+                ]})
+            data = {**data, "state": states}
         return super().to_internal_value(data)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

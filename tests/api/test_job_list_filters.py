@@ -54,6 +54,9 @@ def test_filters_combine(api: APIClient, job_body: Callable, tenant: Tenant) -> 
     ("owner=3", "owner"),
     ("user=1&user=2", "user"),  # review: a repeated parameter kept only its last value, silently
     ("state=", "state"),  # QA: an empty state dropped the filter and listed every job
+    # QA: an empty item in the list was dropped silently while an empty state is a 400.
+    ("state=queued,,running", "state"), ("state=queued,", "state"), ("state=,queued", "state"),
+    ("state=queued&state=", "state"),
     ("wait_reason=bogus", "wait_reason"),  # QA: an unknown reason listed nothing, silently
     # QA: a reversed window listed nothing, silently (the journal's answers 400 already).
     ("submitted_since=2026-11-02T00:00:00Z&submitted_until=2026-11-01T00:00:00Z", "submitted_until"),
@@ -61,6 +64,12 @@ def test_filters_combine(api: APIClient, job_body: Callable, tenant: Tenant) -> 
 def test_bad_filters_are_400(query: str, field: str, api: APIClient, tenant: Tenant) -> None:
     response = api.get(f"/api/v1/jobs?{query}")
     assert response.status_code == 400 and field in response.json()["errors"], response.content
+
+
+def test_an_empty_state_in_the_list_says_so(api: APIClient) -> None:
+    response = api.get("/api/v1/jobs?state=queued,,running")
+    assert response.json()["errors"] == {"state": [
+        "An empty state in the list: give states separated by single commas, e.g. queued,running."]}
 
 
 def test_an_unknown_parameter_is_named_as_one(api: APIClient) -> None:

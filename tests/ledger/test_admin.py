@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from config.form_keys import new_form_key
 from ledger.admin import _release_label
 from ledger.amounts import MAX_AMOUNT
 from ledger.clock import shifted
@@ -88,9 +89,9 @@ def test_void_action_with_reason(finance_client) -> None:
     assert ask.status_code == 200 and b"reason" in ask.content
     bucket.refresh_from_db()
     assert bucket.voided == 0
-    done = finance_client.post(
-        url, {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "refund"}
-    )
+    key = ask.context["form"]["key"].value()  # made when the form is shown
+    done = finance_client.post(url, {"action": "void_available", "_selected_action": [bucket.pk],
+                                     "apply": "1", "reason": "refund", "key": key})
     assert done.status_code == 302
     bucket.refresh_from_db()
     assert (bucket.available, bucket.held, bucket.voided) == (0, 3 * MICRO, 7 * MICRO)
@@ -105,7 +106,7 @@ def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
     ask = finance_client.post(url, {"action": "void_available", "_selected_action": [bucket.pk]})
     assert ask.context["form"]["close"].value() is True  # offered ticked
     form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "chargeback",
-            "close": "on"}
+            "close": "on", "key": ask.context["form"]["key"].value()}
     done = finance_client.post(url, form, follow=True)
     bucket.refresh_from_db()
     assert (bucket.available, bucket.voided) == (0, 7 * MICRO) and bucket.expires_at <= timezone.now()
@@ -113,8 +114,8 @@ def test_void_action_closes_the_bucket_by_default(finance_client) -> None:
         f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk}; closed: the {3 * MICRO} micro-credits "
         "still held by jobs (running or queued) may still be spent by them; what they give back will expire."
     ]
-    # Again, with nothing left to void: said so (QA: it read "Bucket 10; closed.").
-    again = finance_client.post(url, form, follow=True)
+    # Again (a new form), with nothing left to void: said so (QA: it read "Bucket 10; closed.").
+    again = finance_client.post(url, {**form, "key": new_form_key()}, follow=True)
     assert next(str(m) for m in again.context["messages"]).startswith(
         f"Nothing was available to void in bucket {bucket.pk}; closed"
     )
@@ -126,7 +127,7 @@ def test_voiding_and_closing_a_bucket_not_yet_in_effect_says_why_it_was_not_clos
     org = OrganizationFactory()
     bucket = fund(org, 10 * MICRO, effective_at=timezone.now() + timedelta(days=1))
     form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "typo",
-            "close": "on"}
+            "close": "on", "key": new_form_key()}
     done = finance_client.post(reverse("admin:ledger_bucket_changelist"), form, follow=True)
     bucket.refresh_from_db()
     assert (bucket.available, bucket.held, bucket.voided, bucket.closed_at) == (0, 0, 10 * MICRO, None)
@@ -142,7 +143,7 @@ def test_voiding_an_expired_bucket_says_it_expired_and_that_returns_expire(finan
     bucket = fund(org, 10 * MICRO, expires_at=timezone.now() + timedelta(hours=1))
     place_hold(org=org, amount=3 * MICRO, key="h")
     form = {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1", "reason": "late",
-            "close": "on"}
+            "close": "on", "key": new_form_key()}
     with shifted(timedelta(hours=2)):  # expired, and the expiry sweep has not run yet
         done = finance_client.post(reverse("admin:ledger_bucket_changelist"), form, follow=True)
     bucket.refresh_from_db()
@@ -351,7 +352,7 @@ def test_finance_voids_part_of_one_bucket_to_correct_an_over_issue(finance_clien
     other = fund(org, 5 * MICRO)
     url = reverse("admin:ledger_bucket_changelist")
     both = {"action": "void_available", "_selected_action": [bucket.pk, other.pk], "apply": "1",
-            "reason": "over-issue", "credits": "900"}
+            "reason": "over-issue", "credits": "900", "key": new_form_key()}
     refused = finance_client.post(url, both)
     assert refused.status_code == 200
     assert refused.context["form"].errors["credits"] == ["Select one bucket to void a part of it."]
@@ -366,7 +367,7 @@ def test_finance_voids_part_of_one_bucket_to_correct_an_over_issue(finance_clien
     assert [str(m) for m in done.context["messages"]] == [
         f"Voided {900 * MICRO} micro-credits of bucket {bucket.pk}."]
     one = {**both, "_selected_action": [bucket.pk]}
-    too_much = finance_client.post(url, {**one, "credits": "101"}, follow=True)
+    too_much = finance_client.post(url, {**one, "credits": "101", "key": new_form_key()}, follow=True)
     assert [str(m) for m in too_much.context["messages"]] == [
         f"Bucket {bucket.pk}: Cannot void 101.00 credits: only 100.00 are available in this bucket."]
     bucket.refresh_from_db()
@@ -380,3 +381,72 @@ def test_a_reference_with_a_line_break_is_refused(finance_client) -> None:
     assert response.status_code == 200
     assert "line breaks or control characters" in str(response.context["form"].non_field_errors())
     assert not Bucket.objects.filter(org=org).exists()
+
+
+def _void_form(client, bucket, **fields):
+    """The action's form as shown for `bucket`, filled in: its hidden key is the one it was shown with."""
+    url = reverse("admin:ledger_bucket_changelist")
+    ask = client.post(url, {"action": "void_available", "_selected_action": [bucket.pk]})
+    return {"action": "void_available", "_selected_action": [bucket.pk], "apply": "1",
+            "key": ask.context["form"]["key"].value(), **fields}
+
+
+def test_the_same_void_form_submitted_twice_voids_a_part_once(finance_client) -> None:
+    """QA: a double click on "Void" with 1 credit voided 2 (the key was made anew on every POST)."""
+    org = OrganizationFactory()
+    bucket = fund(org, 7 * MICRO, effective_at=timezone.now() - timedelta(days=1))
+    url = reverse("admin:ledger_bucket_changelist")
+    form = _void_form(finance_client, bucket, reason="over-issue", credits="1")
+    first = finance_client.post(url, form, follow=True)
+    second = finance_client.post(url, form, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided) == (6 * MICRO, 1 * MICRO)
+    assert LedgerTransaction.objects.filter(kind="void", org=org).count() == 1
+    assert _messages(first) == [f"Voided {MICRO} micro-credits of bucket {bucket.pk}."]
+    assert _messages(second) == [
+        f"Voided {MICRO} micro-credits of bucket {bucket.pk} (already done: nothing new)."]
+    # The same form sent back with another amount: a conflict, said plainly; nothing more voided.
+    edited = finance_client.post(url, {**form, "credits": "2"}, follow=True)
+    assert _messages(edited) == [
+        f"Bucket {bucket.pk}: This void was done already: it voided 1.00 credits of bucket {bucket.pk}. "
+        "The same key with other terms (2.00 credits) voids nothing more. Open the action again for "
+        "another void."]
+    bucket.refresh_from_db()
+    assert bucket.voided == 1 * MICRO
+    # A new form (the action chosen again) voids again.
+    finance_client.post(url, _void_form(finance_client, bucket, reason="more", credits="2"))
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided) == (4 * MICRO, 3 * MICRO)
+
+
+def test_the_same_void_everything_form_sent_again_does_not_void_what_came_back(finance_client) -> None:
+    """Without an amount nor closing, a second submit would have voided what a job released in
+    between; with the form's key it answers with the first void."""
+    org = OrganizationFactory()
+    bucket = fund(org, 10 * MICRO, effective_at=timezone.now() - timedelta(days=1))
+    hold = place_hold(org=org, amount=3 * MICRO, key="h")
+    url = reverse("admin:ledger_bucket_changelist")
+    form = _void_form(finance_client, bucket, reason="chargeback")
+    finance_client.post(url, form, follow=True)
+    release_hold(hold=hold)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided) == (3 * MICRO, 7 * MICRO)
+    again = finance_client.post(url, form, follow=True)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.voided) == (3 * MICRO, 7 * MICRO)
+    assert _messages(again) == [
+        f"Voided {7 * MICRO} micro-credits of bucket {bucket.pk} (already done: nothing new)."]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 32, "0123456789abcdef0123456789abcdef:1",
+                                 "ABCDEF0123456789ABCDEF0123456789"])
+def test_a_void_form_with_a_key_it_was_not_given_voids_nothing(finance_client, key) -> None:
+    """The key is joined into the ledger key (`void:admin:<key>:<bucket>`): only the shape the form
+    makes is taken, so a crafted one cannot meet another bucket's or another write's key."""
+    org = OrganizationFactory()
+    bucket = fund(org, 7 * MICRO)
+    form = {**_void_form(finance_client, bucket, reason="x", credits="1"), "key": key}
+    response = finance_client.post(reverse("admin:ledger_bucket_changelist"), form)
+    assert response.status_code == 200 and "key" in response.context["form"].errors
+    bucket.refresh_from_db()
+    assert bucket.voided == 0

@@ -102,9 +102,16 @@ def test_void_available_part_only(org) -> None:
     with pytest.raises(InsufficientCredits, match=r"^Cannot void 0\.000071 credits: only 0\.00007 are"):
         void_credits(bucket=bucket, reason="refund", key="v", amount=71)
     txn = void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20)
-    assert void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20).pk == txn.pk
-    with pytest.raises(IdempotencyConflict):
+    assert not txn.replayed
+    again = void_credits(bucket=bucket, reason="chargeback", key="v1", amount=20)
+    assert again.pk == txn.pk and again.replayed  # the caller can say nothing new was voided
+    # The same key with another amount voids nothing more, and says what the key did.
+    with pytest.raises(IdempotencyConflict, match=(
+        rf"^This void was done already: it voided 0\.00002 credits of bucket {bucket.pk}\. The same key "
+        r"with other terms \(0\.000021 credits\) voids nothing more\.$")):
         void_credits(bucket=bucket, reason="chargeback", key="v1", amount=21)
+    with pytest.raises(IdempotencyConflict, match=r"other terms \(everything available, closing it\)"):
+        void_credits(bucket=bucket, reason="chargeback", key="v1", close=True)
     void_credits(bucket=bucket, reason="close", key="v2")
     bucket.refresh_from_db()
     assert (bucket.available, bucket.held, bucket.voided) == (0, 30, 70)

@@ -24,8 +24,10 @@ def signed_in(user: Any) -> Client:
 
 
 def post(client: Client, path: str, data: dict[str, str]) -> Any:
-    client.get("/api-keys/")  # sets the CSRF cookie, as a browser's first visit does
-    return client.post(path, {**data, "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    """`data` posted from the page as just shown (its CSRF cookie and the form's key)."""
+    page = client.get("/api-keys/")  # sets the CSRF cookie, as a browser's first visit does
+    return client.post(path, {"key": page.context["form"]["key"].value(), **data,
+                              "csrfmiddlewaretoken": client.cookies["csrftoken"].value})
 
 
 def secret_in(html: str) -> str:
@@ -197,3 +199,84 @@ def test_odd_made_values_and_a_key_revoked_before_the_redirect_show_nothing() ->
     page = client.get(made["Location"])
     assert 'id="new-key"' not in page.content.decode()
     assert page.cookies[f"gpubank_new_api_key_{key.pk}"].value == ""  # read once, shown or not
+
+
+def test_the_same_form_sent_twice_makes_one_key() -> None:
+    """QA: a double click on "Make key" (the same form, the same CSRF token) made two keys. The form's
+    key, made when the page was shown, makes the second POST answer with the first key."""
+    user = UserFactory()
+    client = signed_in(user)
+    page = client.get("/api-keys/")
+    form = {"name": "laptop", "lifetime": "30", "key": page.context["form"]["key"].value(),
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+    first = client.post("/api-keys/", form)
+    second = client.post("/api-keys/", form)  # the browser kept the first answer's cookie
+    key = ApiKey.objects.get(user=user)
+    assert [r.status_code for r in (first, second)] == [303, 303]
+    assert first["Location"] == second["Location"] == f"/api-keys/?made={key.pk}"
+    assert f"gpubank_new_api_key_{key.pk}" not in second.cookies  # nothing new to show
+    shown = client.get(second["Location"]).content.decode()
+    assert hash_key(secret_in(shown)) == key.key_hash  # the first answer's cookie, shown once
+    assert AuditEvent.objects.filter(action="accounts.api_key.create").count() == 1
+    # The first answer lost (its cookie never kept): the key is named, its secret is not shown.
+    client.cookies.pop(f"gpubank_new_api_key_{key.pk}", None)
+    third = client.post("/api-keys/", form)
+    assert third["Location"] == f"/api-keys/?made={key.pk}" and ApiKey.objects.count() == 1
+    page = client.get(third["Location"]).content.decode()
+    assert 'id="new-key"' not in page
+    assert 'id="made-key-name">laptop<' in page and "revoke this key and make another" in page
+
+
+def test_the_same_form_sent_back_edited_makes_no_second_key() -> None:
+    user = UserFactory()
+    client = signed_in(user)
+    page = client.get("/api-keys/")
+    form = {"name": "laptop", "lifetime": "30", "key": page.context["form"]["key"].value(),
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+    client.post("/api-keys/", form)
+    edited = client.post("/api-keys/", {**form, "name": "ci"})
+    assert edited.status_code == 409
+    assert "This form was sent already and made a key" in edited.content.decode()
+    again = edited.context["form"]
+    assert again["key"].value() != form["key"] and again["name"].value() == "ci"  # a new form
+    assert list(ApiKey.objects.values_list("name", flat=True)) == ["laptop"]
+    client.post("/api-keys/", {**form, "name": "ci", "key": again["key"].value()})
+    assert sorted(ApiKey.objects.values_list("name", flat=True)) == ["ci", "laptop"]
+
+
+@pytest.mark.parametrize("key", ["", "nope", "0123456789abcdef0123456789abcdef:1"])
+def test_a_form_without_the_key_it_was_shown_with_makes_no_key(key) -> None:
+    user = UserFactory()
+    client = signed_in(user)
+    response = post(client, "/api-keys/", {"name": "laptop", "lifetime": "30", "key": key})
+    assert response.status_code == 400 and "This form is out of date" in response.content.decode()
+    assert not ApiKey.objects.exists()
+
+
+def test_a_revoked_keys_row_keeps_its_expiry_and_says_when_it_was_revoked() -> None:
+    """QA: the Expires column of a revoked key read "revoked <date>" and its expiry was no longer
+    shown. The state says when it was revoked; Expires stays the expiry."""
+    from django.utils import timezone
+
+    user = UserFactory()
+    client = signed_in(user)
+    post(client, "/api-keys/", {"name": "old", "lifetime": "30"})
+    post(client, "/api-keys/", {"name": "forever", "lifetime": ""})
+    old, forever = ApiKey.objects.get(name="old"), ApiKey.objects.get(name="forever")
+    for key in (old, forever):
+        post(client, f"/api-keys/{key.pk}/revoke", {})
+        key.refresh_from_db()
+    page = client.get("/api-keys/").content.decode()
+
+    def cells(key: ApiKey) -> list[str]:
+        row = re.search(rf'<tr data-key="{key.pk}">(.*?)</tr>', page, re.S)
+        assert row, page
+        found = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        return [re.sub(r"\s+", " ", cell).strip() for cell in found]
+
+    def when(value: Any) -> str:
+        return f"{timezone.localtime(value):%Y-%m-%d %H:%M}"
+
+    # key starts, state, made, expires, last used, (no revoke button)
+    assert cells(old)[1:4] == [f"Revoked {when(old.revoked_at)}", when(old.created_at), when(old.expires_at)]
+    assert cells(forever)[1:4] == [f"Revoked {when(forever.revoked_at)}", when(forever.created_at), "never"]

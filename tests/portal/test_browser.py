@@ -155,6 +155,22 @@ def _api_status(base_url: str, raw_key: str) -> int:
     return httpx.get(f"{base_url}/api/v1/api-keys", headers=headers, timeout=10).status_code
 
 
+def test_a_double_click_on_make_key_makes_one_key_and_shows_it(page: Page, live_server: object,
+                                                                 world: World) -> None:
+    """QA: a double click made two keys. The page sends the form once (the server would answer a
+    second send with the first key, but the browser would drop the answer carrying the secret)."""
+    base = live_server.url
+    _sign_in(page, base, "alice")
+    page.goto(f"{base}/api-keys/")
+    page.fill("#id_name", "twice")
+    # Two sends as a double click makes them: the second while the first is on its way.
+    page.evaluate("""() => { const button = document.querySelector('.key-form button');
+                             button.click(); setTimeout(() => button.click(), 20); }""")
+    expect(page.locator("#new-key")).to_have_text(re.compile(r"^gpub_"))
+    page.wait_for_load_state("networkidle")
+    expect(page.locator("#key-rows tbody tr")).to_have_count(1)
+
+
 def test_make_use_and_revoke_an_api_key(page: Page, live_server: object, world: World) -> None:
     base = live_server.url
     _sign_in(page, base, "alice")
