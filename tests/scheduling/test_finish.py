@@ -113,6 +113,24 @@ def test_preemption_requeues_at_once_without_using_a_retry(
     assert stored.current_hold_id != attempt.hold_id
 
 
+def test_only_lost_nodes_use_retries_not_preemptions_or_evictions(
+    running: Callable[..., tuple[Job, JobAttempt]], make_attempt: Callable[..., JobAttempt],
+    fleet: dict[str, Any],
+) -> None:
+    """Mutation testing, session 18: counting preempted and evicted attempts as retries went
+    unnoticed: a job preempted or evicted (no fault of its own) would then fail retries-exhausted
+    at its first node loss."""
+    job, attempt = running(max_retries=1)
+    for reason in ("preempted", "evicted"):
+        request_stop(attempt=attempt, reason=reason, grace_seconds=60)
+        assert finish_attempt(attempt=attempt, outcome="failed", exit_code=143).state == JobState.QUEUED
+        assert JobAttempt.objects.get(pk=attempt.pk).outcome == reason
+        attempt = relaunch(job, make_attempt, fleet)
+    result = finish_attempt(attempt=attempt, outcome="lost")  # the first loss: one retry left
+    assert (result.state, result.end_reason) == (JobState.QUEUED, "")
+    assert Job.objects.get(pk=job.pk).wait_reason == "backoff"
+
+
 def test_cancel_of_a_running_job_completes_on_exit(running: Callable[..., tuple[Job, JobAttempt]]) -> None:
     job, attempt = running()
     cancel_job(job=job, actor=job.user)
