@@ -1,0 +1,140 @@
+"""A budget's recount on a busy org: `set_budget` redefining a period, as a ratio to raw SQL.
+
+Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/budget_recount.py [--holds 20000]
+
+A budget set or redefined mid-period (or a window opening) counts its scope's spending so far,
+one charge per hold (`budgets/spent_counts.py`), while the org's budget-definition lock holds the
+org's submissions. This measures that on an org with `--holds` finished holds captured this month,
+a tenth of them partly refunded, alternating the budget between the month and a window covering
+now (each change a full recount). The baseline, same database and run: the bare aggregate of the
+same captures (`SELECT hold_id, sum(amount) ... GROUP BY hold_id`), the least any recount reads.
+
+Creates a scratch database (gpubank_bench_<pid>) on the configured PostgreSQL server, migrates it,
+measures, checks that each period's charges add up to its figures, and drops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+
+BASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpubank")
+SCRATCH = f"gpubank_bench_{os.getpid()}"
+
+
+def _url_for(dbname: str) -> str:
+    return urlunsplit(urlsplit(BASE_URL)._replace(path=f"/{dbname}"))
+
+
+def _admin(sql: str) -> None:
+    with psycopg.connect(_url_for("postgres"), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def _timed(work: object, repeat: int) -> float:
+    """Median seconds of `repeat` calls."""
+    runs = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()  # type: ignore[operator]
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--holds", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    _admin(f'CREATE DATABASE "{SCRATCH}"')
+    os.environ["TEST_DATABASE_URL"] = _url_for(SCRATCH)
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection, connections, transaction
+
+        from budgets.models import Budget, BudgetCharge, BudgetPeriod
+        from budgets.services import set_budget
+        from config.clock import db_now
+        from ledger.models import MICRO, LedgerTransaction, TransactionKind
+        from ledger.services import capture, issue_credits, place_hold, release_hold
+        from tests.factories import ProjectFactory, UserFactory
+
+        call_command("migrate", verbosity=0)
+        project, user = ProjectFactory(), UserFactory()
+        org = project.org
+        issue_credits(org=org, amount=10**9 * MICRO, kind="paid", source="purchase", reference="bench",
+                      reason="benchmark funding")
+        template = place_hold(org=org, amount=MICRO, key="template", project=project, user=user)
+        capture(hold=template, amount=MICRO // 2, key="template")
+        release_hold(hold=template, key="template")
+        first = LedgerTransaction.objects.get(hold=template, kind=TransactionKind.CAPTURE)
+        print(f"making {args.holds:,} finished holds with a capture each ...", flush=True)
+        with connection.cursor() as cur:  # cloned in SQL: the services would take minutes
+            cur.execute(
+                """WITH new AS (
+                     INSERT INTO ledger_hold (org_id, project_id, user_id, authorized, captured, released,
+                                              state, created_at, settled_at, key, reference, gpu_types)
+                     SELECT org_id, project_id, user_id, authorized, captured, released, state, created_at,
+                            settled_at, key || '-' || g, reference, gpu_types
+                     FROM ledger_hold, generate_series(1, %s) g WHERE id = %s RETURNING id)
+                   INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
+                                                         params, request_id)
+                   SELECT %s, 'capture', 'bench-' || new.id, new.id, %s, '', %s, '{}', '' FROM new""",
+                [args.holds, template.pk, org.pk, first.created_at, first.amount])
+            cur.execute(  # a tenth of the captures partly refunded
+                """INSERT INTO budgets_refundedcapture (capture_id, hold_id, reference, amount, created_at)
+                   SELECT id, hold_id, 'bench', amount / 3, now() FROM ledger_ledgertransaction
+                   WHERE kind = 'capture' AND id % 10 = 0""")
+            cur.execute("ANALYZE")
+
+        def baseline() -> None:
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT t.hold_id, sum(t.amount) FROM ledger_ledgertransaction t "
+                    "JOIN ledger_hold h ON h.id = t.hold_id WHERE t.org_id = %s AND t.kind = 'capture' "
+                    "AND h.org_id = %s GROUP BY t.hold_id", [org.pk, org.pk])
+                cur.fetchall()
+
+        now = db_now()
+        window = {"period": "window", "window_start": now - timedelta(days=40),
+                  "window_end": now + timedelta(days=1)}
+        toggle = {"n": 0}
+
+        def recount() -> None:
+            toggle["n"] += 1
+            shape = window if toggle["n"] % 2 else {"period": "month"}
+            with transaction.atomic():
+                set_budget(org=org, limit=10**15, enforcement="hard", **shape)
+
+        raw = _timed(baseline, args.repeat)
+        ours = _timed(recount, args.repeat)
+        bad = [p.pk for p in BudgetPeriod.objects.filter(budget__in=Budget.objects.filter(org=org))
+               if p.spent != sum(BudgetCharge.objects.filter(period=p).values_list("spent", flat=True))]
+        print(f"holds={args.holds:,} repeat={args.repeat} postgres={connection.pg_version}")
+        print(f"raw aggregate of the captures:   {raw * 1000:8.1f} ms")
+        print(f"recount (set_budget redefining): {ours * 1000:8.1f} ms  ratio {ours / raw:.2f}x of raw, "
+              f"{ours / args.holds * 1e6:.1f} us per hold")
+        print("charges add up to their periods:", "yes" if not bad else f"NO: periods {bad}")
+        connections.close_all()
+        return 0 if not bad else 1
+    finally:
+        _admin(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
