@@ -4,10 +4,11 @@ Run: DJANGO_SETTINGS_MODULE=config.settings.test .venv/bin/python bench/budget_r
 
 A budget set or redefined mid-period (or a window opening) counts its scope's spending so far,
 one charge per hold (`budgets/spent_counts.py`), while the org's budget-definition lock holds the
-org's submissions. This measures that on an org with `--holds` finished holds captured this month,
-a tenth of them partly refunded, alternating the budget between the month and a window covering
-now (each change a full recount). The baseline, same database and run: the bare aggregate of the
-same captures (`SELECT hold_id, sum(amount) ... GROUP BY hold_id`), the least any recount reads.
+org's submissions. This measures that on an org with `--holds` holds captured this month
+(`--active` of them still running: held and spent), a tenth of them partly refunded, alternating
+the budget between the month and a window covering now (each change a full recount). The
+baseline, same database and run: the bare aggregate of the same captures (`SELECT hold_id,
+sum(amount) ... GROUP BY hold_id`), the least any recount reads.
 
 Creates a scratch database (gpubank_bench_<pid>) on the configured PostgreSQL server, migrates it,
 measures, checks that each period's charges add up to its figures, and drops it.
@@ -52,9 +53,30 @@ def _timed(work: object, repeat: int) -> float:
     return statistics.median(runs)
 
 
+def _clone(connection: object, template: object, count: int, org_id: int) -> None:
+    """`count` copies of the hold, each with a copy of its capture (in SQL: the services would
+    take minutes)."""
+    from ledger.models import LedgerTransaction, TransactionKind
+
+    first = LedgerTransaction.objects.get(hold=template, kind=TransactionKind.CAPTURE)
+    with connection.cursor() as cur:  # type: ignore[attr-defined]
+        cur.execute(
+            """WITH new AS (
+                 INSERT INTO ledger_hold (org_id, project_id, user_id, authorized, captured, released,
+                                          state, created_at, settled_at, key, reference, gpu_types)
+                 SELECT org_id, project_id, user_id, authorized, captured, released, state, created_at,
+                        settled_at, key || '-' || g, reference, gpu_types
+                 FROM ledger_hold, generate_series(1, %s) g WHERE id = %s RETURNING id)
+               INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
+                                                     params, request_id)
+               SELECT %s, 'capture', 'bench-' || new.id, new.id, %s, '', %s, '{}', '' FROM new""",
+            [count, template.pk, org_id, first.created_at, first.amount])  # type: ignore[attr-defined]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--holds", type=int, default=20_000)
+    parser.add_argument("--active", type=int, default=5_000, help="of which still running (held and spent)")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
@@ -70,7 +92,7 @@ def main() -> int:
         from budgets.models import Budget, BudgetCharge, BudgetPeriod
         from budgets.services import set_budget
         from config.clock import db_now
-        from ledger.models import MICRO, LedgerTransaction, TransactionKind
+        from ledger.models import MICRO
         from ledger.services import capture, issue_credits, place_hold, release_hold
         from tests.factories import ProjectFactory, UserFactory
 
@@ -79,23 +101,16 @@ def main() -> int:
         org = project.org
         issue_credits(org=org, amount=10**9 * MICRO, kind="paid", source="purchase", reference="bench",
                       reason="benchmark funding")
-        template = place_hold(org=org, amount=MICRO, key="template", project=project, user=user)
-        capture(hold=template, amount=MICRO // 2, key="template")
-        release_hold(hold=template, key="template")
-        first = LedgerTransaction.objects.get(hold=template, kind=TransactionKind.CAPTURE)
-        print(f"making {args.holds:,} finished holds with a capture each ...", flush=True)
-        with connection.cursor() as cur:  # cloned in SQL: the services would take minutes
-            cur.execute(
-                """WITH new AS (
-                     INSERT INTO ledger_hold (org_id, project_id, user_id, authorized, captured, released,
-                                              state, created_at, settled_at, key, reference, gpu_types)
-                     SELECT org_id, project_id, user_id, authorized, captured, released, state, created_at,
-                            settled_at, key || '-' || g, reference, gpu_types
-                     FROM ledger_hold, generate_series(1, %s) g WHERE id = %s RETURNING id)
-                   INSERT INTO ledger_ledgertransaction (org_id, kind, key, hold_id, created_at, memo, amount,
-                                                         params, request_id)
-                   SELECT %s, 'capture', 'bench-' || new.id, new.id, %s, '', %s, '{}', '' FROM new""",
-                [args.holds, template.pk, org.pk, first.created_at, first.amount])
+        finished = place_hold(org=org, amount=MICRO, key="finished", project=project, user=user)
+        capture(hold=finished, amount=MICRO // 2, key="finished")
+        release_hold(hold=finished, key="finished")
+        running = place_hold(org=org, amount=MICRO, key="running", project=project, user=user)
+        capture(hold=running, amount=MICRO // 2, key="running")
+        print(f"making {args.holds:,} holds with a capture each, {args.active:,} still running ...",
+              flush=True)
+        for template, count in ((finished, args.holds - args.active), (running, args.active)):
+            _clone(connection, template, count, org.pk)
+        with connection.cursor() as cur:
             cur.execute(  # a tenth of the captures partly refunded
                 """INSERT INTO budgets_refundedcapture (capture_id, hold_id, reference, amount, created_at)
                    SELECT id, hold_id, 'bench', amount / 3, now() FROM ledger_ledgertransaction
@@ -125,7 +140,8 @@ def main() -> int:
         ours = _timed(recount, args.repeat)
         bad = [p.pk for p in BudgetPeriod.objects.filter(budget__in=Budget.objects.filter(org=org))
                if p.spent != sum(BudgetCharge.objects.filter(period=p).values_list("spent", flat=True))]
-        print(f"holds={args.holds:,} repeat={args.repeat} postgres={connection.pg_version}")
+        print(f"holds={args.holds:,} active={args.active:,} repeat={args.repeat} "
+              f"postgres={connection.pg_version}")
         print(f"raw aggregate of the captures:   {raw * 1000:8.1f} ms")
         print(f"recount (set_budget redefining): {ours * 1000:8.1f} ms  ratio {ours / raw:.2f}x of raw, "
               f"{ours / args.holds * 1e6:.1f} us per hold")

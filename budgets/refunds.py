@@ -5,9 +5,11 @@ A refund is first laid on the job's captures (`RefundedCapture`, one row per cap
 back): newest capture first, of the hold of the attempt it names first, then of the job's other
 attempts, newest first (`take_newest`). Then
 
-- the periods that counted the job's spending get it back now: per budget and hold, the hold's
-  newest charge first (the period it was last counted in, as a capture's spend goes there:
-  `services.split_per_budget`), never more than the hold spent there (`BudgetCharge.spent`);
+- the periods that counted the job's spending get it back now: per budget and hold, the period
+  in force first (review: after a redefinition, window -> month -> the same window, the older row
+  is the one in force), then the hold's newest charge (the period it was last counted in, as a
+  capture's spend goes there: `services.split_per_budget`), never more than the hold spent there
+  (`BudgetCharge.spent`);
 - a later recount of a period (a budget set or redefined, a window opening:
   `services._seed_current_period`) subtracts the refunded captures made in it, so the credit is
   not lost (review, session 17: it was).
@@ -27,7 +29,9 @@ from django.db.models import F, Sum
 
 from budgets import scope_lock
 from budgets.models import BudgetCharge, BudgetPeriod, RefundedCapture
-from ledger.models import LedgerTransaction, TransactionKind
+from budgets.periods import current_bounds
+from config.clock import db_now
+from ledger.models import Hold, LedgerTransaction, TransactionKind
 
 Capture = tuple[int, int]  # (capture transaction id, what of it is not refunded yet)
 
@@ -62,6 +66,10 @@ def record_refund(*, org_id: int, hold_ids: Sequence[int], amount: int, referenc
     """Lay `amount` refunded on the captures of `hold_ids` (in the order given) and credit the
     budget periods that counted them. Returns {budget id: amount credited}."""
     scope_lock.share(org_id)
+    # The holds next (lock order: job, this scope lock, holds, periods, buckets), so no capture
+    # commits between the read of the captures and the credit of the charges (review: the
+    # stranded-hold sweep captures under the hold lock alone, and its capture took the credit).
+    list(Hold.objects.select_for_update().filter(pk__in=list(hold_ids)).order_by("pk").values_list("pk"))
     captures = _unrefunded(hold_ids)
     rows: list[RefundedCapture] = []
     per_hold: dict[int, int] = {}
@@ -78,17 +86,25 @@ def record_refund(*, org_id: int, hold_ids: Sequence[int], amount: int, referenc
 
 
 def _credit_charges(per_hold: dict[int, int]) -> dict[int, int]:
-    """Per budget, give each hold's amount back to the periods it spent in, newest charge first."""
+    """Per budget, give each hold's amount back to the periods it spent in: the period in force
+    first, then newest charge first."""
     from budgets.services import _lock_periods_by_id  # the one place that knows the lock order
 
     spending = BudgetCharge.objects.filter(hold_id__in=list(per_hold), spent__gt=0)
     period_ids = sorted(set(spending.values_list("period_id", flat=True)))
     periods = {p.pk: p for p in _lock_periods_by_id(period_ids)}
+    in_force = current_bounds([p.budget for p in periods.values()], db_now())
     # Re-read the charges under the period locks: every writer of a charge holds its period.
-    fresh = spending.filter(period_id__in=list(periods)).order_by("-pk")
+    fresh = spending.filter(period_id__in=list(periods)).values_list("pk", "period_id", "hold_id", "spent")
+
+    def order(charge: tuple[int, int, int, int]) -> tuple[bool, int]:
+        period = periods[charge[1]]
+        bounds = in_force.get(period.budget_id)
+        return bounds is None or bounds[0] != period.starts_at, -charge[0]
+
     left: dict[tuple[int, int], int] = {}
     credited: dict[int, int] = defaultdict(int)
-    for charge_id, period_id, hold_id, spent in fresh.values_list("pk", "period_id", "hold_id", "spent"):
+    for charge_id, period_id, hold_id, spent in sorted(fresh, key=order):
         budget_id = periods[period_id].budget_id
         take = min(left.setdefault((budget_id, hold_id), per_hold[hold_id]), spent)
         if take <= 0:

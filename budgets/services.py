@@ -524,18 +524,15 @@ def _seed_current_period(budget: Budget, *, now: datetime) -> BudgetPeriod | Non
     insert_spent_charges(period, budget, starts, ends)
     held = {hold_id: authorized - captured - released for hold_id, authorized, captured, released in active
             if authorized - captured - released > 0}
-    held_ids = list(held)
-    charges = BudgetCharge.objects.filter(period=period)
-    spending = list(charges.filter(hold_id__in=held_ids))
-    for charge in spending:
-        charge.held = held.pop(charge.hold_id)
-    BudgetCharge.objects.bulk_update(spending, ["held"])
+    # One upsert (review: bulk_update's CASE per row grew with the square of the active holds).
     BudgetCharge.objects.bulk_create([BudgetCharge(period=period, hold_id=hold_id, held=amount)
-                                      for hold_id, amount in held.items()])
-    totals = charges.aggregate(held=Sum("held"), spent=Sum("spent"))
+                                      for hold_id, amount in held.items()],
+                                     update_conflicts=True, unique_fields=["period", "hold"],
+                                     update_fields=["held"])
+    totals = BudgetCharge.objects.filter(period=period).aggregate(held=Sum("held"), spent=Sum("spent"))
     period.held, period.spent = totals["held"] or 0, totals["spent"] or 0
     BudgetPeriod.objects.filter(pk=period.pk).update(held=period.held, spent=period.spent)
-    _move_from_other_periods(budget, period, held_ids)
+    _move_from_other_periods(budget, period, list(held))
     return period
 
 

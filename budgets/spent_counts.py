@@ -32,12 +32,18 @@ def insert_spent_charges(period: BudgetPeriod, budget: Budget, starts: datetime,
         SELECT %s, t.hold_id, 0, SUM(t.amount - COALESCE(r.refunded, 0))
         FROM {LedgerTransaction._meta.db_table} t
         JOIN {Hold._meta.db_table} h ON h.id = t.hold_id
-        LEFT JOIN (SELECT capture_id, SUM(amount) AS refunded FROM {RefundedCapture._meta.db_table}
-                   GROUP BY capture_id) r ON r.capture_id = t.id
+        LEFT JOIN (SELECT rc.capture_id, SUM(rc.amount) AS refunded
+                   FROM {RefundedCapture._meta.db_table} rc
+                   JOIN {Hold._meta.db_table} rh ON rh.id = rc.hold_id
+                   WHERE rh.org_id = %s GROUP BY rc.capture_id) r ON r.capture_id = t.id
         WHERE t.org_id = %s AND t.kind = %s AND t.created_at >= %s AND t.created_at < %s
           AND {" AND ".join(scope)}
         GROUP BY t.hold_id
         HAVING SUM(t.amount - COALESCE(r.refunded, 0)) > 0
     """  # noqa: S608 (identifiers from model metadata; values are parameters)
+    # As the ORM would send them (review: SQLite compares text, and an aware value with its
+    # "+00:00" sorted a capture made exactly at the start out of the period).
+    bounds = [connection.ops.adapt_datetimefield_value(at) for at in (starts, ends)]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [period.pk, budget.org_id, TransactionKind.CAPTURE.value, starts, ends, *params])
+        cursor.execute(sql, [period.pk, budget.org_id, budget.org_id, TransactionKind.CAPTURE.value, *bounds,
+                             *params])

@@ -93,6 +93,20 @@ assert placed.state == JobState.SCHEDULED, placed.wait_detail
 check(api.post(f"/api/v1/jobs/{job['id']}/cancel", HTTP_IDEMPOTENCY_KEY="c"), 200)
 bucket = Bucket.objects.filter(org=acme, available__gt=0).order_by("pk").first()
 void_credits(bucket=bucket, reason="smoke", key="smoke", close=True)
+# A recount counts a capture made exactly at its window's start (review: the raw SQL compared
+# SQLite's text times with an aware "+00:00" bound and left it out).
+from django.db.models import Sum
+from budgets.models import BudgetPeriod
+from budgets.services import set_budget
+from ledger.models import LedgerTransaction
+from ledger.services import capture, place_hold
+edge_hold = place_hold(org=acme, amount=10**6, key="edge", project=project)
+at = LedgerTransaction.objects.get(pk=capture(hold=edge_hold, amount=10**5, key="edge").pk).created_at
+edge, _ = set_budget(org=acme, project=project, period="window", window_start=at,
+                     window_end=at + timedelta(hours=1), limit=10**12, enforcement="soft")
+orm = LedgerTransaction.objects.filter(kind="capture", hold__org=acme, hold__project=project,
+                                       created_at__gte=at).aggregate(s=Sum("amount"))["s"]
+assert BudgetPeriod.objects.get(budget=edge, starts_at=at).spent == orm >= 10**5, orm
 assert verify_ledger() == [], verify_ledger()
 print("EMBEDDED OK")
 """

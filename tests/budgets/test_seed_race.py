@@ -36,12 +36,12 @@ def test_a_capture_racing_the_seeding_is_counted_once(monkeypatch: pytest.Monkey
 
     create = BudgetCharge.objects.bulk_create
 
-    def capture_after_the_reads(charges: list) -> list:  # the seeding has read the scope's holds
+    def capture_after_the_reads(charges: list, **kw: object) -> list:  # the seeding has read the holds
         thread = threading.Thread(target=charge_progress)
         thread.start()
         threads.append(thread)
         time.sleep(0.5)  # unlocked, the capture commits now, before the seeding's charge exists
-        return create(charges)
+        return create(charges, **kw)
 
     monkeypatch.setattr(BudgetCharge.objects, "bulk_create", capture_after_the_reads)
     budget, _ = set_budget(org=tenant.org, period="month", limit=1000, enforcement="hard")

@@ -285,7 +285,7 @@ def test_a_capture_committed_late_does_not_move_the_refund(make_attempt, funded,
 def test_periods_counted_before_the_change_get_their_spending_charges(make_attempt, funded,
                                                                       world: World) -> None:
     """Review: a period recounted before 0005 had no charge of the holds that only spent, so a
-    refund credited it nothing; migration 0006 gives it those charges."""
+    refund credited it nothing; migration 0007 gives it those charges."""
     import importlib
 
     from django.apps import apps
@@ -296,8 +296,37 @@ def test_periods_counted_before_the_change_get_their_spending_charges(make_attem
     release_hold(hold=attempt.hold, key="end")
     budget, _ = set_budget(org=world.org, period="month", limit=20 * MICRO, enforcement="hard")
     BudgetCharge.objects.filter(held=0).delete()  # what the recount wrote before 0005
-    migration = importlib.import_module("budgets.migrations.0006_spent_charges_of_seeded_periods")
+    migration = importlib.import_module("budgets.migrations.0007_spent_charges_of_seeded_periods")
     migration.forwards(apps, None)
     _charges_add_up()
     refund_job(job_id=attempt.job_id, amount=3 * MICRO, reason="bad node", key="r1")
     assert _used(budget)[1] == MICRO == _recount(budget)
+
+
+@pytest.mark.django_db
+def test_after_migration_0007_the_period_in_force_is_credited_first(make_attempt, funded,
+                                                                      world: World) -> None:
+    """Review: window -> month -> the same window leaves the window's older row in force, and the
+    migration gave the month's row the newer charge: the refund credited the month. The period in
+    force is credited first, whatever the charges' order."""
+    import importlib
+
+    from django.apps import apps
+
+    funded(100 * MICRO)
+    attempt = make_attempt(hold_amount=10 * MICRO)
+    capture(hold=attempt.hold, amount=4 * MICRO, key="run")
+    release_hold(hold=attempt.hold, key="end")
+    now = timezone.now()
+    window = {"period": "window", "window_start": now - timedelta(minutes=30),
+              "window_end": now + timedelta(hours=1)}
+    budget, _ = set_budget(org=world.org, limit=20 * MICRO, enforcement="hard", **window)
+    set_budget(org=world.org, period="month", limit=20 * MICRO, enforcement="hard")
+    set_budget(org=world.org, limit=20 * MICRO, enforcement="hard", **window)
+    in_force = BudgetPeriod.objects.get(budget=budget, starts_at=window["window_start"])
+    BudgetCharge.objects.filter(held=0).delete()  # as recounted before 0005
+    importlib.import_module("budgets.migrations.0007_spent_charges_of_seeded_periods").forwards(apps, None)
+    _charges_add_up()
+    refund_job(job_id=attempt.job_id, amount=3 * MICRO, reason="bad node", key="r1")
+    in_force.refresh_from_db()
+    assert in_force.spent == MICRO == _recount(budget)
