@@ -136,6 +136,14 @@ def test_a_queued_job_says_why_it_waits_and_the_list_links_to_it(world: World) -
     assert f'href="/jobs/{world.job.pk}/"' in home.get("/").content.decode()
 
 
+def test_a_rate_of_0_bills_no_gpu_hours_it_can_tell(world: World) -> None:
+    """Review: a free attempt showed 0.000 GPU-hours billed, as if it had not run."""
+    JobAttempt.objects.filter(job=world.job).update(rate_per_gpu_hour=0)
+    _, html = _get(world.alice, world.job.pk)
+    attempt = re.search(r'<tr data-attempt="1">(.*?)</tr>', html, re.S).group(1)
+    assert re.search(r'data-field="gpu_hours">(.*?)</td>', attempt, re.S).group(1).endswith(">—</span>")
+
+
 def test_durations_read_as_people_say_them() -> None:
     assert (span(93_784), span(61), span(0), span(3_600), span(None)) == (
         "1 d 2 h 3 min", "1 min 1 s", "0 s", "1 h", "—")
