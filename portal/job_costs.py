@@ -18,7 +18,7 @@ class AttemptRow:
     attempt: JobAttempt
     nodes: list[str]
     charged: int
-    gpu_hours: float  # what the charge paid for at the attempt's fixed rate
+    gpu_hours: float | None  # what the charge paid for at the attempt's fixed rate; None at a rate of 0
     ran_for: timedelta | None
 
 
@@ -39,7 +39,7 @@ def _attempt_row(attempt: JobAttempt) -> AttemptRow:
         ran_for = attempt.ended_at - attempt.started_at
     rate = attempt.rate_per_gpu_hour
     return AttemptRow(attempt=attempt, nodes=sorted({a.node.name for a in attempt.allocations.all()}),
-                      charged=charged, gpu_hours=charged / rate if rate else 0.0, ran_for=ran_for)
+                      charged=charged, gpu_hours=charged / rate if rate else None, ran_for=ran_for)
 
 
 def _hold_row(job: Job) -> HoldRow | None:

@@ -135,14 +135,21 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     except (TooManyKeys, AccountsError) as error:
         form.add_error(None, error.detail)
         return _page(request, form, status=409 if isinstance(error, TooManyKeys) else 400)
-    except (IdempotencyKeyReused, IdempotencyKeyInFlight) as error:
-        # This form made a key already (sent back edited) or is still making it: the same fields
-        # in a new form (a new key), which makes another key if sent.
+    except IdempotencyKeyReused:
+        # This form made a key already and was sent back edited: the same fields in a new form (a
+        # new key), which makes another key if sent.
         again = NewKeyForm({**request.POST.dict(), "key": new_form_key()})
         again.is_valid()
         again.add_error(None, "This form was sent already and made a key; it makes no other. Send this "
-                        "one to make another." if isinstance(error, IdempotencyKeyReused)
-                        else "This form is still being sent: reload the page in a moment.")
+                        "one to make another.")
+        return _page(request, again, status=409)
+    except IdempotencyKeyInFlight:
+        # The first send of this form is still making its key: the same form, its key kept, so
+        # sending it again answers with that key (review: a new key here made a second one).
+        again = NewKeyForm(request.POST)
+        again.is_valid()
+        again.add_error(None, "This form is still being sent: send it again in a moment to see its key "
+                        "(it makes no other).")
         return _page(request, again, status=409)
     response = HttpResponseRedirect(f"{path}?made={key_id}", status=303)
     if replayed:

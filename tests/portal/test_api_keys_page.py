@@ -280,3 +280,32 @@ def test_a_revoked_keys_row_keeps_its_expiry_and_says_when_it_was_revoked() -> N
     # key starts, state, made, expires, last used, (no revoke button)
     assert cells(old)[1:4] == [f"Revoked {when(old.revoked_at)}", when(old.created_at), when(old.expires_at)]
     assert cells(forever)[1:4] == [f"Revoked {when(forever.revoked_at)}", when(forever.created_at), "never"]
+
+
+def test_a_form_sent_while_its_first_send_runs_keeps_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the 409 of a form still being made gave the form a new key, so sending it again made
+    a second key. It keeps the key it was shown with: sent again, it answers with the first's."""
+    from config.api.errors import IdempotencyKeyInFlight
+    from portal import keys
+
+    user = UserFactory()
+    client = signed_in(user)
+    page = client.get("/api-keys/")
+    form = {"name": "laptop", "lifetime": "30", "key": page.context["form"]["key"].value(),
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+    first = client.post("/api-keys/", form)
+    assert first.status_code == 303
+    real = keys.run_once
+
+    def still_running(**kwargs: Any) -> Any:  # the second send meets the first's uncommitted record
+        raise IdempotencyKeyInFlight("still in flight", key=kwargs["key"])
+
+    monkeypatch.setattr(keys, "run_once", still_running)
+    waiting = client.post("/api-keys/", form)
+    assert waiting.status_code == 409 and "still being sent" in waiting.content.decode()
+    again = waiting.context["form"]
+    assert again["key"].value() == form["key"] and again["name"].value() == "laptop"
+    monkeypatch.setattr(keys, "run_once", real)
+    resent = client.post("/api-keys/", {**form, "key": again["key"].value()})
+    key = ApiKey.objects.get(user=user)  # one key
+    assert resent.status_code == 303 and resent["Location"] == f"/api-keys/?made={key.pk}"

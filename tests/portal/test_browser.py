@@ -150,6 +150,50 @@ def test_pages_fit_a_phone_screen(browser: Browser, live_server: object, world: 
         context.close()
 
 
+COMMAND = ("python train.py \\\n  --epochs 90 \\\n"
+           "  --data /datasets/imagenet-2012-with-a-rather-long-path/train\n")
+
+
+def _in_view(page: Page, selector: str) -> None:
+    """Every match lies inside the 390 px screen, none cut off by its table's scroll box."""
+    boxes = page.locator(selector)
+    assert boxes.count() > 0, selector
+    for n in range(boxes.count()):
+        box = boxes.nth(n).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (selector, n, box)
+    clipped = page.evaluate("""(selector) => [...document.querySelectorAll(selector)].some(
+        el => { const t = el.closest('table'); return t.scrollWidth > t.clientWidth; })""", selector)
+    assert not clipped, selector
+
+
+def test_a_phone_shows_budget_figures_and_job_facts_whole(browser: Browser, live_server: object,
+                                                          world: World) -> None:
+    """Review: at 390 px every cell was nowrap: a budget showed its label and period only (its
+    figures off-screen), a job's facts were cut at the card's edge. And a multi-line command read
+    as one line, at any width."""
+    set_budget(org=world.acme, period="month", limit=500 * MICRO, enforcement="hard")
+    set_budget(org=world.acme, project=world.vision, user=world.alice, period="month", limit=70 * MICRO,
+               enforcement="hard")
+    Job.objects.filter(pk=world.job.pk).update(command=COMMAND, max_retries=3)
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 844})
+        page = context.new_page()
+        try:
+            _sign_in(page, live_server.url, "alice")
+            page.goto(f"{live_server.url}/jobs/{world.job.pk}/")
+            lines = page.locator("td.code").inner_text().strip().split("\n")
+            assert lines == COMMAND.strip().split("\n"), (width, lines)
+            if width == 390:
+                _in_view(page, "table.facts td")
+                page.screenshot(path="/tmp/portal-390-job-facts.png", full_page=True)
+                page.goto(f"{live_server.url}/")
+                for field in ("limit", "spent", "held", "left"):
+                    _in_view(page, f"section.budgets [data-field={field}]")
+                page.screenshot(path="/tmp/portal-390-budgets.png", full_page=True)
+        finally:
+            context.close()
+
+
 def _api_status(base_url: str, raw_key: str) -> int:
     headers = {"Authorization": f"Bearer {raw_key}"}
     return httpx.get(f"{base_url}/api/v1/api-keys", headers=headers, timeout=10).status_code

@@ -6,12 +6,16 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from ledger.models import MICRO
+from ledger.services import capture, place_hold, release_hold
 from portal.templatetags.portal_money import credits, span
-from scheduling.models import Job, JobState
+from scheduling.models import Allocation, AttemptState, Job, JobAttempt, JobState, Node, NodeState
 from scheduling.services.refunds import refund_job
 from tests.api.conftest import client_for
 from tests.portal.conftest import World
@@ -48,6 +52,64 @@ def test_the_page_shows_the_figures_the_api_gives(world: World) -> None:
     assert credits(80 * MICRO) in hold and credits(80 * MICRO - CAPTURED) + " still held" in hold
 
 
+SECOND = 5_500_000  # what a second attempt's own hold captured
+
+
+def _another_attempt(world: World, number: int, captured: int) -> JobAttempt:
+    """Attempt `number` of the world's job on a hold of its own (the job's current one now), as a
+    retry after a lost node makes it: the attempt before it ended and its hold was released."""
+    before = JobAttempt.objects.get(job=world.job, number=number - 1)
+    JobAttempt.objects.filter(pk=before.pk).update(state=AttemptState.ENDED, ended_at=timezone.now(),
+                                                   outcome="lost")
+    release_hold(hold=before.hold)
+    hold = place_hold(org=world.acme, amount=40 * MICRO, key=f"portal-hold-{number}", project=world.vision,
+                      user=world.alice)
+    capture(hold=hold, amount=captured, key=f"portal-capture-{number}")
+    attempt = JobAttempt.objects.create(
+        job=world.job, number=number, org_id=world.acme.pk, state=AttemptState.RUNNING, gpu_type=world.h100,
+        gpu_count=2, rate_per_gpu_hour=4 * MICRO, hold=hold, scheduled_at=timezone.now(),
+        started_at=timezone.now())
+    node = Node.objects.create(name=f"node-b{number}", region=before.allocations.first().node.region,
+                               gpu_type=world.h100, gpu_count=8, state=NodeState.READY)
+    Allocation.objects.create(attempt=attempt, node=node, gpu_index=0, allocated_at=timezone.now())
+    Job.objects.filter(pk=world.job.pk).update(current_hold=hold)
+    return attempt
+
+
+def test_a_retried_job_shows_the_figures_the_api_gives(world: World) -> None:
+    """Review: the test above has one attempt, so Charged taken from the current hold alone passed
+    it. Two attempts on holds of their own, the first's refunded in part: page and API agree."""
+    _another_attempt(world, 2, SECOND)
+    refund_job(job_id=world.job.pk, amount=2 * MICRO, reason="lost node", key="r1", attempt_number=1)
+    _, html = _get(world.alice, world.job.pk)
+    api = client_for(world.alice).get(f"/api/v1/jobs/{world.job.pk}").json()
+    charged = sum(attempt["charged"] for attempt in api["attempts"])
+    assert charged == CAPTURED + SECOND and api["refunded"] == 2 * MICRO
+    assert _field(html, "charged") == credits(charged)
+    assert _field(html, "refunded") == credits(api["refunded"])
+    assert _field(html, "net") == credits(charged - api["refunded"])
+    assert len(api["attempts"]) == 2
+    for attempt in api["attempts"]:
+        row = re.search(rf'<tr data-attempt="{attempt["number"]}">(.*?)</tr>', html, re.S).group(1)
+        assert _field(row, "charged") == credits(attempt["charged"])
+    hold = _field(html, "hold")  # the current hold: the second attempt's
+    assert credits(40 * MICRO) in hold and credits(40 * MICRO - SECOND) + " still held" in hold
+
+
+def test_the_page_reads_a_job_in_a_fixed_number_of_queries(world: World) -> None:
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert _get(world.alice, world.job.pk)[0] == 200
+        return len(captured)
+
+    before = queries()
+    _another_attempt(world, 2, SECOND)
+    _another_attempt(world, 3, MICRO)
+    html = _get(world.alice, world.job.pk)[1]
+    assert 'data-attempt="3"' in html and "node-b3" in html
+    assert queries() == before
+
+
 def test_a_refund_shows_and_the_net_cost_drops(world: World) -> None:
     refund_job(job_id=world.job.pk, amount=2 * MICRO, reason="bad node", key="r1")
     _, html = _get(world.alice, world.job.pk)
@@ -72,6 +134,14 @@ def test_a_queued_job_says_why_it_waits_and_the_list_links_to_it(world: World) -
     home = Client()
     home.force_login(world.alice)
     assert f'href="/jobs/{world.job.pk}/"' in home.get("/").content.decode()
+
+
+def test_a_rate_of_0_bills_no_gpu_hours_it_can_tell(world: World) -> None:
+    """Review: a free attempt showed 0.000 GPU-hours billed, as if it had not run."""
+    JobAttempt.objects.filter(job=world.job).update(rate_per_gpu_hour=0)
+    _, html = _get(world.alice, world.job.pk)
+    attempt = re.search(r'<tr data-attempt="1">(.*?)</tr>', html, re.S).group(1)
+    assert re.search(r'data-field="gpu_hours">(.*?)</td>', attempt, re.S).group(1).endswith(">—</span>")
 
 
 def test_durations_read_as_people_say_them() -> None:
