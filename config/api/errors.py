@@ -65,3 +65,14 @@ class PayloadTooLarge(DomainError):
     type = "validation-error"
     status = 400
     title = "Request body too large"
+
+
+class PageOutOfRange(DomainError):
+    """A list was asked for a page past its last one (DRF said only "Invalid page.")."""
+
+    type = "not-found"
+    status = 404
+    title = "Not found"
+
+    def __init__(self, page: int, last_page: int) -> None:
+        super().__init__(f"Page {page} is past the last page ({last_page}).", page=page, last_page=last_page)
