@@ -198,8 +198,11 @@ class JobRefundResultSerializer(serializers.Serializer):
         return refund.attempt.number if refund.attempt_id else None
 
 
+# `reserved-for-job-N` names a job id as the scheduler writes it: 1 or more, without leading zeros
+# (review: `reserved-for-job-0` and `reserved-for-job-007` listed nothing, silently, while a 19-digit
+# id was a 400; no job is 0, and the stored reason of job 7 is `reserved-for-job-7`).
 WAIT_REASON_PATTERN = (
-    rf"^(?:{'|'.join(sorted(core_reasons.WAIT_REASONS))}|{core_reasons.RESERVED_PREFIX}[0-9]{{1,18}})\Z"
+    rf"^(?:{'|'.join(sorted(core_reasons.WAIT_REASONS))}|{core_reasons.RESERVED_PREFIX}[1-9][0-9]{{0,17}})\Z"
 )
 
 
@@ -245,7 +248,8 @@ class JobListQuerySerializer(StrictQuerySerializer):
     wait_reason = serializers.RegexField(
         WAIT_REASON_PATTERN, required=False, help_text="Queued jobs waiting for this reason (quota, ...).",
         error_messages={"invalid": f"Not a wait reason: one of {', '.join(sorted(core_reasons.WAIT_REASONS))}"
-                                   ", or reserved-for-job-N."},
+                                   ", or reserved-for-job-N with N a job id (1 or more, up to 18 digits, "
+                                   "no leading zero)."},
     )
     submitted_since = AwareDateTimeField(required=False, help_text="Submitted at or after (with its offset).")
     submitted_until = AwareDateTimeField(required=False, help_text="Submitted before (with its offset).")

@@ -76,3 +76,25 @@ def test_an_unknown_parameter_is_named_as_one(api: APIClient) -> None:
     """QA: `?statee=queued` said "Unknown field.", as a body would; docs/api.md says otherwise."""
     response = api.get("/api/v1/jobs?statee=queued")
     assert response.json()["errors"] == {"statee": ["Unknown query parameter."]}
+
+
+@pytest.mark.parametrize("reason", [
+    "reserved-for-job-0", "reserved-for-job-007", "reserved-for-job-00",
+    "reserved-for-job-1234567890123456789", "reserved-for-job-", "reserved-for-job--1",
+])
+def test_a_reservation_reason_names_a_job_id(reason: str, api: APIClient) -> None:
+    """Review: `reserved-for-job-0` (no job is 0) and `reserved-for-job-007` (job 7's reason is
+    `reserved-for-job-7`) listed nothing, silently, while a 19-digit id was a 400."""
+    response = api.get("/api/v1/jobs", {"wait_reason": reason})
+    assert response.status_code == 400, response.content
+    [message] = response.json()["errors"]["wait_reason"]
+    assert message.endswith(", or reserved-for-job-N with N a job id (1 or more, up to 18 digits, "
+                            "no leading zero)."), message
+
+
+def test_a_reservation_reason_of_a_job_lists_it(api: APIClient, job_body: Callable) -> None:
+    job = submit(api, job_body, name="waits")
+    Job.objects.filter(pk=job["id"]).update(wait_reason="reserved-for-job-7")
+    assert names(api, wait_reason="reserved-for-job-7") == ["waits"]
+    assert names(api, wait_reason="reserved-for-job-10") == []
+    assert names(api, wait_reason="reserved-for-job-123456789012345678") == []
