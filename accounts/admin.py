@@ -125,10 +125,13 @@ class ApiKeyCreateForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "user", "created_at", "expires_at", "revoked_at", "last_used_at")
+    list_display = ("name", "prefix", "user", "created_by", "created_at", "expires_at", "revoked_at",
+                    "last_used_at")
     list_filter = ("revoked_at",)
     search_fields = ("name", "prefix", "user__username")
-    readonly_fields = ("user", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at")
+    list_select_related = ("user", "created_by")
+    readonly_fields = ("user", "name", "prefix", "created_by", "created_at", "expires_at", "revoked_at",
+                       "last_used_at")
     exclude = ("key_hash",)
     actions = ["revoke_keys"]
     autocomplete_fields = ("user",)
@@ -142,7 +145,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return self.readonly_fields if obj is not None else ()
 
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
-        return self.exclude if obj is not None else ("key_hash", "prefix", "revoked_at", "last_used_at")
+        return self.exclude if obj is not None else (
+            "key_hash", "prefix", "revoked_at", "last_used_at", "created_by")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
@@ -152,6 +156,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             expires_at=form.cleaned_data.get("expires_at"), actor=request.user,
         )
         obj.pk, obj.prefix, obj.key_hash, obj.created_at = key.pk, key.prefix, key.key_hash, key.created_at
+        obj.created_by = key.created_by
         messages.warning(
             request, f"New API key for {key.user} — copy it now, it is not shown again: {raw}"
         )

@@ -172,6 +172,12 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Who made it: the user themselves (portal, API), an admin (the admin site); null for the system
+    # (`manage.py create_api_key`) and for keys made before this was recorded. Only the keys a user
+    # made themselves count toward their daily limit (API_KEYS_MAX_CREATED_PER_DAY).
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+    )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

@@ -75,12 +75,13 @@ def create_api_key(
     """Create a key for `user`; the raw key is returned once and never stored (only its hash).
 
     `actor` is who created it (the admin's user; None: the system, e.g. `manage.py create_api_key`),
-    which is not always the key's owner (QA: an admin's key for a user was audited as the user's).
+    which is not always the key's owner (QA: an admin's key for a user was audited as the user's);
+    it is kept on the key (`created_by`) as well as in the audit event.
     """
     check_api_key_terms(name=name, expires_at=expires_at)
     raw, prefix = new_key()
     key = ApiKey.objects.create(
-        user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at
+        user=user, name=name, prefix=prefix, key_hash=hash_key(raw), expires_at=expires_at, created_by=actor
     )
     record(action="accounts.api_key.create", subject_type="api_key", subject_id=key.pk,
            data={"name": name, "prefix": prefix, "user": user.pk, **({"via": via} if via else {})},
@@ -121,8 +122,9 @@ def create_own_api_key(
     """A key a signed-in user makes for themselves (the portal; the API with a browser session,
     never with another key: review, a leaked or short-lived key could mint a permanent one).
 
-    At most `API_KEYS_MAX_ACTIVE_PER_USER` usable keys and `API_KEYS_MAX_CREATED_PER_DAY` new
-    ones in 24 h each (review: create/revoke churn was unlimited), counted under a lock on the
+    At most `API_KEYS_MAX_ACTIVE_PER_USER` usable keys (whoever made them) and
+    `API_KEYS_MAX_CREATED_PER_DAY` new ones the user made themselves in 24 h (review: create/revoke
+    churn was unlimited; an admin's keys for them were counted too), counted under a lock on the
     user's row, re-read there, so two concurrent requests cannot both take the last place and
     a user deactivated meanwhile makes none. `via` is recorded in the audit event."""
     check_api_key_terms(name=name, expires_at=expires_at)
@@ -130,7 +132,9 @@ def create_own_api_key(
     if not locked:
         raise AccountsError("This account is not active.", field="user")
     now = db_now()
-    mine, active = ApiKey.objects.filter(user=user), usable_api_keys(user, now)
+    # The daily limit counts the keys the user made themselves: an admin's or the system's keys for
+    # them are not their churn (review: they were counted, the rows did not say who made them).
+    mine, active = ApiKey.objects.filter(user=user, created_by=user), usable_api_keys(user, now)
     limit, per_day = int(settings.API_KEYS_MAX_ACTIVE_PER_USER), int(settings.API_KEYS_MAX_CREATED_PER_DAY)
     if (count := active.count()) >= limit:
         raise TooManyKeys(
@@ -138,9 +142,8 @@ def create_own_api_key(
             "longer use first.", active=count, limit=limit,
         )
     if (made := mine.filter(created_at__gt=now - timedelta(days=1)).count()) >= per_day:
-        # Counted whoever made them (an admin's for the user too: the key rows do not say).
         raise TooManyNewKeys(
-            f"{made} API keys were made for you in the last 24 hours, the most allowed is {per_day}: "
+            f"You made {made} API keys in the last 24 hours, the most allowed is {per_day}: "
             "try again later.", made=made, limit=per_day,
         )
     return create_api_key(user=user, name=name, expires_at=expires_at, actor=user, via=via)

@@ -46,7 +46,8 @@ class ApiKeysView(GenericAPIView):
         "authenticated by an API key is 403: a key cannot make keys). `key` is the secret, in this answer "
         "only; a replay of the same request answers the same key as it was made, with `key: null` (if "
         "the first answer was lost, revoke that `id` and make another). At most "
-        "`API_KEYS_MAX_ACTIVE_PER_USER` usable keys and `API_KEYS_MAX_CREATED_PER_DAY` new ones a day "
+        "`API_KEYS_MAX_ACTIVE_PER_USER` usable keys and `API_KEYS_MAX_CREATED_PER_DAY` new ones a day made "
+        "by the user (an admin's for them do not count) "
         "(409 `too-many-api-keys`).")
     def post(self, request: Request) -> Response:
         key_of(request)

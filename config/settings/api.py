@@ -91,5 +91,6 @@ API_KEY_TOUCH_SECONDS = env.float("API_KEY_TOUCH_SECONDS", default=60.0)
 # Usable (unrevoked, unexpired) keys a user may make for themselves in the portal or the API;
 # an admin's keys for a user (admin, `manage.py create_api_key`) are not limited.
 API_KEYS_MAX_ACTIVE_PER_USER = env.int("API_KEYS_MAX_ACTIVE_PER_USER", default=20)
-# ... and at most this many new ones in any 24 h (revoked ones too: no unlimited churn).
+# ... and at most this many new ones they made themselves in any 24 h (revoked ones too: no unlimited
+# churn; `ApiKey.created_by` tells theirs from an admin's).
 API_KEYS_MAX_CREATED_PER_DAY = env.int("API_KEYS_MAX_CREATED_PER_DAY", default=50)

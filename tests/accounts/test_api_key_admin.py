@@ -36,6 +36,7 @@ def test_a_key_made_in_the_admin_is_audited_as_the_admins(staff: Client, operato
     event = _create_event(key)
     assert (event.actor_type, event.actor_id) == ("user", str(operator.pk))
     assert event.data == {"name": "ci", "prefix": key.prefix, "user": owner.pk}
+    assert key.created_by == operator  # on the key too: it is not the owner's own (daily limit)
 
 
 def test_a_key_made_by_the_command_is_audited_as_the_system() -> None:
@@ -44,6 +45,7 @@ def test_a_key_made_by_the_command_is_audited_as_the_system() -> None:
     event = _create_event(ApiKey.objects.get(user=owner))
     assert (event.actor_type, event.actor_id) == ("system", "")
     assert event.data["user"] == owner.pk
+    assert ApiKey.objects.get(user=owner).created_by is None  # the system's
 
 
 def test_keys_cannot_be_deleted_in_the_admin_only_revoked(staff: Client) -> None:

@@ -231,6 +231,27 @@ def test_at_most_so_many_new_keys_a_day_revoked_ones_too(settings: Any) -> None:
         revoke(client, made.json()["id"])
     refused = make(client, {"name": "one more"})
     assert (refused.status_code, refused.json()["type"]) == (409, "too-many-new-api-keys")
-    assert refused.json()["detail"].startswith("3 API keys were made for you in the last 24 hours")
+    assert refused.json()["detail"].startswith("You made 3 API keys in the last 24 hours")
     ApiKey.objects.filter(user=user).update(created_at=timezone.now() - timedelta(days=1, minutes=1))
     assert make(client, {"name": "next day"}).status_code == 201
+
+
+def test_the_daily_limit_counts_only_the_keys_the_user_made(settings: Any) -> None:
+    """Review: an admin's keys for the user (admin site, `manage.py create_api_key`) were counted
+    toward the user's own daily limit (the rows did not say who made them); now `created_by` does."""
+    settings.API_KEYS_MAX_ACTIVE_PER_USER = 20
+    settings.API_KEYS_MAX_CREATED_PER_DAY = 2
+    user, admin = UserFactory(), UserFactory(is_staff=True)
+    by_admin = [create_api_key(user=user, name=f"ops-{n}", actor=admin)[0] for n in range(2)]
+    by_system = create_api_key(user=user, name="cli")[0]
+    assert [key.created_by for key in (*by_admin, by_system)] == [admin, admin, None]
+    client = signed_in(user)
+    for n in range(2):
+        made = make(client, {"name": f"mine-{n}"})
+        assert made.status_code == 201, made.json()
+        assert ApiKey.objects.get(pk=made.json()["id"]).created_by == user
+    refused = make(client, {"name": "one more"})
+    assert (refused.status_code, refused.json()["type"]) == (409, "too-many-new-api-keys")
+    assert refused.json()["detail"].startswith("You made 2 API keys in the last 24 hours")
+    assert ApiKey.objects.filter(user=user).count() == 5  # the refusal made nothing
+    create_api_key(user=user, name="ops-more", actor=admin)  # an admin is not limited by it
