@@ -220,7 +220,10 @@ class Quota(models.Model):
     project = models.ForeignKey(
         Project, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas"
     )
-    gpu_type = models.ForeignKey(GpuType, on_delete=models.CASCADE, related_name="quotas")
+    # PROTECT, as a type's prices and nodes: deleting a GPU type in the admin removed its quotas
+    # silently (no sched.quota.deleted event; review). The admin now refuses, listing them; delete
+    # the quotas first (each audited) if the type must go.
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="quotas")
     max_gpus = models.PositiveIntegerField()
     history = HistoricalRecords()
 

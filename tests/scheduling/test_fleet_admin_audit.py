@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from accounts.models import Region
 from audit.models import AuditEvent
-from scheduling.models import GpuType, Node
+from scheduling.models import GpuType, Node, Quota
+from tests.factories import OrganizationFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -101,3 +102,29 @@ def test_a_region_added_changed_and_deleted_is_audited(staff: Client, operator: 
         (f"accounts.region.{verb}", str(operator.pk)) for verb in ("added", "changed", "deleted")
     ]
     assert events[1].data == {"object": "ap", "fields": {"name": "Asia-Pacific"}, "before": {"name": "Asia"}}
+
+
+def test_a_gpu_type_with_quotas_is_not_deleted_until_they_are(staff: Client, operator: Any) -> None:
+    """Review: deleting a GPU type deleted its quotas with it (a cascade: no `sched.quota.deleted`
+    event, the org's caps gone unseen). As with its prices, the admin refuses and lists them; the
+    quotas are deleted first, each audited, and then the type."""
+    gpu = GpuType.objects.create(name="B200", memory_gb=192)
+    quota = Quota.objects.create(org=OrganizationFactory(), gpu_type=gpu, max_gpus=8)
+    url = reverse("admin:scheduling_gputype_delete", args=[gpu.pk])
+    refused = staff.post(url, {"post": "yes"})
+    assert refused.status_code == 200
+    page = refused.content.decode()
+    assert "would require deleting the following protected related objects" in page
+    assert str(quota) in page
+    changelist = reverse("admin:scheduling_gputype_changelist")
+    bulk = staff.post(changelist, {"action": "delete_selected", "_selected_action": [gpu.pk], "post": "yes"})
+    assert "would require deleting the following protected related objects" in bulk.content.decode()
+    assert GpuType.objects.filter(pk=gpu.pk).exists() and Quota.objects.filter(pk=quota.pk).exists()
+    assert _events("sched.gpu_type.") == [] and _events("sched.quota.") == []
+
+    gone = staff.post(reverse("admin:scheduling_quota_delete", args=[quota.pk]), {"post": "yes"})
+    assert gone.status_code == 302
+    assert staff.post(url, {"post": "yes"}).status_code == 302
+    assert not GpuType.objects.filter(pk=gpu.pk).exists()
+    assert [(e.action, e.subject_id) for e in _events("sched.")] == [
+        ("sched.quota.deleted", str(quota.pk)), ("sched.gpu_type.deleted", str(gpu.pk))]
