@@ -48,7 +48,7 @@ class BudgetLine:
 def _period_label(budget: Budget, starts: datetime | None) -> str:
     if budget.period == BudgetPeriodKind.MONTH and starts is not None:
         return f"{starts:%B %Y} (UTC)"
-    return f"window {budget.window_start:%Y-%m-%d %H:%M} to {budget.window_end:%Y-%m-%d %H:%M} UTC"
+    return f"window {budget.window_start:%Y-%m-%d %H:%M:%S} to {budget.window_end:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _line(budget: Budget, label: str, period: BudgetPeriod | None) -> BudgetLine:

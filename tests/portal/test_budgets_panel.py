@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import OrgRole, Project
+from budgets.models import Budget
 from budgets.services import set_budget
 from ledger.models import MICRO
 from portal.templatetags.portal_money import credits
@@ -84,6 +85,11 @@ def test_a_project_only_member_sees_only_their_own_budget_and_when_it_applies(wo
     rows = _budget_rows(html, "project-acme-vision")
     assert list(rows) == ["member"]  # not the org's: org-wide money (as the API: 403)
     assert "not in effect now" in rows["member"]["period"] and rows["member"]["spent"] == credits(0)
+    # The window's bounds to the second, as the API gives them (QA: 02:28:49 showed as 02:28, and a
+    # capture at 02:28:30 looked counted).
+    window = Budget.objects.get(user=world.dave)
+    assert f"{window.window_start:%Y-%m-%d %H:%M:%S} to {window.window_end:%Y-%m-%d %H:%M:%S} UTC" in (
+        rows["member"]["period"])
 
 
 def test_an_owner_sees_the_project_budget_not_the_members(world: World, budgets) -> None:
