@@ -216,9 +216,11 @@ class PriorityGrant(models.Model):
 class Quota(models.Model):
     """A cap on concurrent GPUs of one type for an org (project null) or a project."""
 
-    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="quotas")
+    # PROTECT, as for the GPU type: a quota goes by its own (audited) delete, never silently with
+    # its org or project in the admin (review).
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="quotas")
     project = models.ForeignKey(
-        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas"
+        Project, null=True, blank=True, on_delete=models.PROTECT, related_name="quotas"
     )
     # PROTECT, as a type's prices and nodes: deleting a GPU type in the admin removed its quotas
     # silently (no sched.quota.deleted event; review). The admin now refuses, listing them; delete

@@ -104,11 +104,22 @@ class AwareDateTimeField(StrictDateTimeField):
 
 
 
+class QueryDigitsField(serializers.IntegerField):
+    """A whole number in a query string, in ASCII digits only: DRF's IntegerField takes "1.0",
+    which the paginator then reads differently (review: `page=1.0` passed the check and was a 404,
+    `page_size=1.0` passed and was ignored)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if not (isinstance(data, str) and data.isascii() and data.isdigit()):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class PageQuerySerializer(StrictQuerySerializer):
     """Query of a paginated list (unknown query parameters are rejected)."""
 
-    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
-    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+    page = QueryDigitsField(required=False, min_value=1, max_value=10**6)
+    page_size = QueryDigitsField(required=False, min_value=1, max_value=200)
 
 
 def validated(serializer: serializers.Serializer, data: Any) -> Any:

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from config.api.serializers import (
     MAX_AMOUNT,
     AwareDateTimeField,
+    QueryDigitsField,
     StrictCharField,
     StrictIntegerField,
     StrictQuerySerializer,
@@ -126,8 +127,8 @@ class TransactionQuerySerializer(StrictQuerySerializer):
     since = AwareDateTimeField(required=False)
     until = AwareDateTimeField(required=False)
     kind = serializers.ChoiceField(required=False, choices=TransactionKind.choices)
-    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
-    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+    page = QueryDigitsField(required=False, min_value=1, max_value=10**6)
+    page_size = QueryDigitsField(required=False, min_value=1, max_value=200)
 
     def validate(self, attrs: dict) -> dict:
         # A reversed range is a mistake, not a question with an empty answer (QA: it was a 200 with

@@ -10,6 +10,7 @@ from rest_framework import serializers
 from config.api.serializers import (
     MAX_AMOUNT,
     AwareDateTimeField,
+    QueryDigitsField,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
@@ -253,8 +254,8 @@ class JobListQuerySerializer(StrictQuerySerializer):
     )
     submitted_since = AwareDateTimeField(required=False, help_text="Submitted at or after (with its offset).")
     submitted_until = AwareDateTimeField(required=False, help_text="Submitted before (with its offset).")
-    page = serializers.IntegerField(required=False, min_value=1, max_value=10**6)
-    page_size = serializers.IntegerField(required=False, min_value=1, max_value=200)
+    page = QueryDigitsField(required=False, min_value=1, max_value=10**6)
+    page_size = QueryDigitsField(required=False, min_value=1, max_value=200)
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("state"), str) and data["state"]:

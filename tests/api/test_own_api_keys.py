@@ -255,3 +255,24 @@ def test_the_daily_limit_counts_only_the_keys_the_user_made(settings: Any) -> No
     assert refused.json()["detail"].startswith("You made 2 API keys in the last 24 hours")
     assert ApiKey.objects.filter(user=user).count() == 5  # the refusal made nothing
     create_api_key(user=user, name="ops-more", actor=admin)  # an admin is not limited by it
+
+
+def test_keys_made_before_created_by_still_count_toward_the_daily_limit(settings: Any) -> None:
+    """Review: migration accounts/0005 left `created_by` null on existing keys, so a user's keys
+    made just before the deploy stopped counting; 0006 fills it from their audit events."""
+    import importlib
+
+    from django.apps import apps
+
+    settings.API_KEYS_MAX_CREATED_PER_DAY = 2
+    user = UserFactory()
+    client = signed_in(user)
+    for n in range(2):
+        assert make(client, {"name": f"before-{n}"}).status_code == 201
+    admin = UserFactory(is_staff=True)
+    create_api_key(user=user, name="by an admin", actor=admin)
+    ApiKey.objects.filter(user=user).update(created_by=None)  # the rows as 0005 left them
+    importlib.import_module("accounts.migrations.0006_api_key_created_by_from_audit").forwards(apps, None)
+    assert dict(ApiKey.objects.filter(user=user).values_list("name", "created_by")) == {
+        "before-0": user.pk, "before-1": user.pk, "by an admin": admin.pk}
+    assert make(client, {"name": "after the deploy"}).status_code == 409

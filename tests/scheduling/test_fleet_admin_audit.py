@@ -128,3 +128,21 @@ def test_a_gpu_type_with_quotas_is_not_deleted_until_they_are(staff: Client, ope
     assert not GpuType.objects.filter(pk=gpu.pk).exists()
     assert [(e.action, e.subject_id) for e in _events("sched.")] == [
         ("sched.quota.deleted", str(quota.pk)), ("sched.gpu_type.deleted", str(gpu.pk))]
+
+
+def test_a_project_or_org_with_quotas_is_not_deleted_until_they_are(staff: Client) -> None:
+    """Review: deleting a project (or an org) in the admin deleted its quotas with it, unaudited.
+    As for a GPU type, the admin refuses and lists them; each quota goes by its audited delete."""
+    from tests.factories import ProjectFactory
+
+    gpu = GpuType.objects.create(name="B200", memory_gb=192)
+    project = ProjectFactory()
+    quota = Quota.objects.create(org=project.org, project=project, gpu_type=gpu, max_gpus=8)
+    for name, obj in (("accounts_project", project), ("accounts_organization", project.org)):
+        refused = staff.post(reverse(f"admin:{name}_delete", args=[obj.pk]), {"post": "yes"})
+        assert "would require deleting the following protected related objects" in refused.content.decode()
+        assert str(quota) in refused.content.decode()
+    assert Quota.objects.filter(pk=quota.pk).exists() and _events("sched.quota.") == []
+    gone = staff.post(reverse("admin:scheduling_quota_delete", args=[quota.pk]), {"post": "yes"})
+    assert gone.status_code == 302
+    assert [e.action for e in _events("sched.quota.")] == ["sched.quota.deleted"]
