@@ -215,10 +215,14 @@ def test_conflict_or_client_error_on_exit_is_dropped_not_retried(
 
 def test_restarted_agent_delivers_the_persisted_outbox(fake_server, run_agent, wait_for, tmp_path) -> None:
     state = tmp_path / "state"
-    fake_server.add_start(81, f"echo run >> {tmp_path}/runs; sleep 0.2; exit 7")
+    # The run exits only once the server fails (a file says so): with a fixed sleep, a loaded
+    # machine delivered the exit report before the test set the failure, and no outbox was kept.
+    go = tmp_path / "go"
+    fake_server.add_start(81, f"echo run >> {tmp_path}/runs; until [ -e {go} ]; do sleep 0.05; done; exit 7")
     first = run_agent(state_dir=state, shutdown_flush=0.2)
     wait_for(lambda: fake_server.started == {81}, what="started")
     fake_server.fail_status = 503
+    go.touch()
     outbox_file = state / "outbox.json"
     wait_for(lambda: outbox_file.exists() and "81" in outbox_file.read_text(), what="outbox persisted")
     assert first.stop() == 0
