@@ -48,7 +48,8 @@ def test_whole_chain_deleted_is_reported_by_the_head(chain: list[AuditEvent]) ->
 
 def test_swapped_events_are_reported(chain: list[AuditEvent]) -> None:
     # Reorder: give events 2 and 3 each other's seq (a rewrite that keeps every seq present).
-    _bypassing_trigger("UPDATE audit_auditevent SET seq = -seq WHERE id IN (%s, %s)", [chain[1].pk, chain[2].pk])
+    _bypassing_trigger("UPDATE audit_auditevent SET seq = -seq WHERE id IN (%s, %s)",
+                       [chain[1].pk, chain[2].pk])
     _bypassing_trigger("UPDATE audit_auditevent SET seq = 3 WHERE id = %s", [chain[1].pk])
     _bypassing_trigger("UPDATE audit_auditevent SET seq = 2 WHERE id = %s", [chain[2].pk])
     problems = verify_chains()
@@ -59,7 +60,8 @@ def test_swapped_events_are_reported(chain: list[AuditEvent]) -> None:
 
 def test_relinked_event_is_reported(chain: list[AuditEvent]) -> None:
     # Skip a link: event 3 rewritten to point at event 1 (its own hash then no longer matches).
-    _bypassing_trigger("UPDATE audit_auditevent SET prev_hash = %s WHERE id = %s", [chain[0].hash, chain[2].pk])
+    _bypassing_trigger("UPDATE audit_auditevent SET prev_hash = %s WHERE id = %s",
+                       [chain[0].hash, chain[2].pk])
     where = f"chain org:61 seq 3 (event {chain[2].pk})"
     assert verify_chains() == [
         f"{where}: prev_hash does not match the previous event's hash",
