@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -212,3 +213,18 @@ def test_drill3_promo_expires_mid_run_hold_keeps_working_refund_goes_to_expiry(
         ]
     )
     assert verify_ledger() == []
+
+
+@pytest.mark.parametrize("state", [JobState.QUEUED, JobState.SCHEDULED, JobState.PREEMPTED])
+def test_an_old_hold_of_a_waiting_job_is_not_stranded(
+    world: World, funded: Any, submit: Callable[..., Job], state: str
+) -> None:
+    """Mutation testing round 2: a job waits in the queue for hours on its hold; the stranded-hold
+    sweep must leave that hold alone (released, the job would later run unpaid)."""
+    funded(100 * MICRO)
+    job = submit(gpus=2)
+    Job.objects.filter(pk=job.pk).update(state=state)
+    Hold.objects.filter(pk=job.current_hold_id).update(created_at=timezone.now() - timedelta(hours=2))
+    assert release_stranded_holds() == {"settled": 0, "released": 0}
+    assert Hold.objects.get(pk=job.current_hold_id).state == HoldState.ACTIVE
+    assert reconcile().counts()["terminal_with_active_hold"] == 0

@@ -150,3 +150,23 @@ def test_portable_path_bills_exactly_like_the_one_statement_path(
         # The cap depends on the DB clock at each call: equal up to the test's own duration.
         assert abs(ua.billable_gpu_ms - ub.billable_gpu_ms) < 500
     assert usage(fast[1]).billable_gpu_ms < 20_000  # capped: 10 s x 1 GPU x 1.01 + 5 s slack
+
+
+def test_an_older_batch_never_moves_last_seq_back(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """Mutation testing round 2: after seq 5, a late seq 3 leaves last_seq at 5, so a later but
+    still older seq 4 cannot overwrite the newest telemetry."""
+    funded()
+    a = make_attempt()
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 5, 50_000, 90.0, 7)])
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 3, 30_000, 10.0, 1)])
+    assert usage(a).last_seq == 5
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 4, 40_000, 20.0, 2)])
+    u = usage(a)
+    assert (u.last_seq, u.reported_gpu_ms, u.gpu_utilization, u.memory_used_mb) == (5, 50_000, 90.0, 7)
+
+
+def test_merge_keeps_the_highest_seq_whatever_the_order() -> None:
+    items = [HeartbeatItem(1, 5, 40, 5.0, 5), HeartbeatItem(1, 2, 50, 1.0, 1)]
+    assert merge(items) == [HeartbeatItem(1, 5, 50, 5.0, 5)]
