@@ -448,3 +448,15 @@ def test_the_exemption_note_names_only_jobs_on_nodes_the_gang_fits() -> None:
     res = schedule(snap(nodes, [job(1, gpus=8, cls="production")], run, now=NOW))
     assert res.preemptions == []
     assert _wait_detail(res, 1).endswith("exempt from preemption at 1970-01-01T02:55:00Z")
+
+
+def test_a_same_class_job_is_never_a_victim_even_beside_a_lower_one() -> None:
+    """Mutation testing round 2: the node holds a lower-class job (so the node is searched) and a
+    same-class one; the pending job needs both halves, so nothing may be preempted."""
+    run = [running(50, ((1, (0, 1, 2, 3)),), cls="batch", started=0.0, wall=99_999),
+           running(51, ((1, (4, 5, 6, 7)),), cls="standard", started=0.0, wall=99_999)]
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="standard", submitted=NOW)], run, now=NOW))
+    assert res.preemptions == []
+    # Half the node is enough: only the lower-class job is stopped.
+    res = schedule(snap([node(1)], [job(1, gpus=4, cls="standard", submitted=NOW)], run, now=NOW))
+    assert [p.job_id for p in res.preemptions] == [50]
