@@ -126,3 +126,28 @@ def test_ticks_through_a_real_celery_worker_place_a_submitted_job(
             time.sleep(0.2)
     assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
     assert SchedulerPass.objects.filter(trigger="celery-test").count() == 1
+
+
+def test_the_lock_ends_with_the_leaders_transaction_not_its_connection() -> None:
+    """Mutation testing round 2: a leader whose pass committed, its connection still open (a
+    worker between ticks), must not keep every other process from leading."""
+    committed, release = threading.Event(), threading.Event()
+
+    def leader() -> None:
+        try:
+            with transaction.atomic():
+                assert try_lead()
+            committed.set()
+            release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=leader)
+    thread.start()
+    assert committed.wait(10)
+    try:
+        with transaction.atomic():
+            assert try_lead()
+    finally:
+        release.set()
+        thread.join(10)
