@@ -409,3 +409,26 @@ def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
     # Drained by an operator as well: the window's end is no promise of its return.
     Node.objects.filter(pk=node.pk).update(cordon="drain")
     assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].maintenance_ends is None
+
+
+def test_usage_decays_by_half_each_half_life(
+    tenant: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """Mutation testing round 2: usage one half-life old counts half, two half-lives a quarter."""
+    from datetime import UTC, datetime
+
+    from scheduling.adapter.snapshot import load_usage
+
+    now = datetime(2026, 11, 1, 12, 30, tzinfo=UTC)  # the middle of an hour: ages are exact
+    org = tenant["org"]
+    for hours_ago in (2, 4):
+        job = make_job(JobState.COMPLETED)
+        ended = now - timedelta(hours=hours_ago)
+        attempt = make_attempt(job, AttemptState.ENDED, started_at=ended - timedelta(minutes=10),
+                               ended_at=ended)
+        AttemptUsage.objects.create(attempt=attempt, org_id=org.pk, reported_gpu_ms=3_600_000,
+                                    billable_gpu_ms=3_600_000)
+    usage = load_usage(now, half_life=7200.0)
+    assert usage.org[org.pk] == pytest.approx(3600 * 0.5 + 3600 * 0.25)
+    assert usage.project[tenant["project"].pk] == pytest.approx(2700)
+    assert load_usage(now, half_life=14_400.0).org[org.pk] == pytest.approx(3600 * 0.5 ** 0.5 + 3600 * 0.5)
