@@ -64,3 +64,20 @@ def test_verify_ledger_reports_an_unbalanced_journal_transaction(org) -> None:
     problems = verify_ledger()
     assert f"transaction {posting.transaction_id}: postings sum to 50, not 0" in problems
     assert f"bucket {bucket.pk}: available is 100, postings say 150" in problems
+
+
+@pytest.mark.parametrize("sql_path", [True, False], ids=["sql-hot-path", "python-path"])
+def test_a_release_at_exactly_the_expiry_instant_goes_to_expiry(org, sql_path: bool, monkeypatch) -> None:
+    from ledger.services import _sql, release_hold
+
+    monkeypatch.setattr(_sql, "ENABLED", sql_path)
+
+    now = ledger_now()
+    bucket = fund(org, 100, expires_at=now + timedelta(days=1))
+    hold = place_hold(org=org, amount=60, key="h")
+    with shifted(timedelta(days=1)):  # the ledger clock is exactly the bucket's expiry instant
+        assert ledger_now() == bucket.expires_at
+        release_hold(hold=hold)
+    bucket.refresh_from_db()
+    assert (bucket.available, bucket.held, bucket.expired) == (40, 0, 60)
+    assert verify_ledger() == []
