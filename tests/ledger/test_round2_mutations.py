@@ -66,6 +66,24 @@ def test_verify_ledger_reports_an_unbalanced_journal_transaction(org) -> None:
     assert f"bucket {bucket.pk}: available is 100, postings say 150" in problems
 
 
+def test_verify_ledger_reports_a_bucket_column_negative_in_the_journal(org) -> None:
+    """Mutation testing round 2: the "negative in the journal" check could be removed unnoticed (a
+    tampered posting that drives a bucket's column below zero is also a cached-vs-journal
+    difference, but the negative itself must be named)."""
+    from django.db import connection
+
+    from ledger.models import Account, Posting
+
+    bucket = fund(org, 100)
+    posting = Posting.objects.get(bucket=bucket, account=Account.BUCKET_AVAILABLE)
+    with connection.cursor() as cursor:  # someone who can bypass the append-only trigger
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("ALTER TABLE ledger_posting DISABLE TRIGGER ledger_posting_append_only")
+        cursor.execute("UPDATE ledger_posting SET amount = -50 WHERE id = %s", [posting.pk])
+        cursor.execute("ALTER TABLE ledger_posting ENABLE TRIGGER ledger_posting_append_only")
+    assert f"bucket {bucket.pk}: available negative in the journal (-50)" in verify_ledger()
+
+
 @pytest.mark.parametrize("sql_path", [True, False], ids=["sql-hot-path", "python-path"])
 def test_a_release_at_exactly_the_expiry_instant_goes_to_expiry(org, sql_path: bool, monkeypatch) -> None:
     from ledger.services import _sql, release_hold
