@@ -17,30 +17,11 @@ measures, checks that each period's charges add up to its figures, and drops it.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-
-BASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpubank")
-SCRATCH = f"gpubank_bench_{os.getpid()}"
-
-
-def _url_for(dbname: str) -> str:
-    return urlunsplit(urlsplit(BASE_URL)._replace(path=f"/{dbname}"))
-
-
-def _admin(sql: str) -> None:
-    with psycopg.connect(_url_for("postgres"), autocommit=True) as conn:
-        conn.execute(sql)
+from _scratch import scratch_database
 
 
 def _timed(work: object, repeat: int) -> float:
@@ -80,14 +61,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    _admin(f'CREATE DATABASE "{SCRATCH}"')
-    os.environ["TEST_DATABASE_URL"] = _url_for(SCRATCH)
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connection, connections, transaction
+    with scratch_database():
+        from django.db import connection, transaction
 
         from budgets.models import Budget, BudgetCharge, BudgetPeriod
         from budgets.services import set_budget
@@ -96,7 +71,6 @@ def main() -> int:
         from ledger.services import capture, issue_credits, place_hold, release_hold
         from tests.factories import ProjectFactory, UserFactory
 
-        call_command("migrate", verbosity=0)
         project, user = ProjectFactory(), UserFactory()
         org = project.org
         issue_credits(org=org, amount=10**9 * MICRO, kind="paid", source="purchase", reference="bench",
@@ -146,10 +120,7 @@ def main() -> int:
         print(f"recount (set_budget redefining): {ours * 1000:8.1f} ms  ratio {ours / raw:.2f}x of raw, "
               f"{ours / args.holds * 1e6:.1f} us per hold")
         print("charges add up to their periods:", "yes" if not bad else f"NO: periods {bad}")
-        connections.close_all()
         return 0 if not bad else 1
-    finally:
-        _admin(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -12,35 +12,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
+from _scratch import scratch_database
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-
-BASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpubank")
-SCRATCH = f"gpubank_bench_{os.getpid()}"
 THREADS = 8
 ORGS = 100
-
-
-def _url_for(dbname: str) -> str:
-    parts = urlsplit(BASE_URL)
-    return urlunsplit(parts._replace(path=f"/{dbname}"))
-
-
-def _admin(sql: str) -> None:
-    with psycopg.connect(_url_for("postgres"), autocommit=True) as conn:
-        conn.execute(sql)
 
 
 def run_threads(work: Callable[[int, int], None], seconds: float) -> float:
@@ -112,14 +93,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
 
-    _admin(f'CREATE DATABASE "{SCRATCH}"')
-    os.environ["TEST_DATABASE_URL"] = _url_for(SCRATCH)
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connection, connections
+    with scratch_database():
+        from django.db import connection
 
         from accounts.models import Organization
         from audit.verification import verify_chains
@@ -127,7 +102,6 @@ def main() -> int:
         from ledger.services import issue_credits
         from ledger.verification import verify_ledger
 
-        call_command("migrate", verbosity=0)
         with connection.cursor() as cur:
             cur.execute("CREATE TABLE bench_counter (id int PRIMARY KEY, value bigint NOT NULL)")
             cur.execute("CREATE TABLE bench_log (id bigserial PRIMARY KEY, counter_id int, amount bigint)")
@@ -167,10 +141,7 @@ def main() -> int:
         )
         print("verify_ledger:", "clean" if not problems else f"{len(problems)} difference(s)")
         print("verify_audit: ", "clean" if not audit_problems else f"{len(audit_problems)} break(s)")
-        connections.close_all()
         return 0 if not problems and not audit_problems else 1
-    finally:
-        _admin(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from typing import Any
 
-from django.core.paginator import EmptyPage, InvalidPage
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import PageNumberPagination
 
@@ -19,20 +18,19 @@ class ApiPagination(PageNumberPagination):
         and the last one ("Page 7 is past the last page (3).", with `page` and `last_page`), not
         DRF's bare "Invalid page." A list with no row has one page, empty. Page 0, negative and
         non-numeric pages are 400s before this, from each list's query serializer."""
-        self.request = request
-        page_size = self.get_page_size(request)
-        if not page_size:
-            return None
-        paginator = self.django_paginator_class(queryset, page_size)
-        page_number = self.get_page_number(request, paginator)
         try:
-            self.page = paginator.page(page_number)
-        except EmptyPage as exc:
-            if int(page_number) < 1:  # only reached without the list's query serializer
-                raise NotFound(f"Page {page_number} is not a page: pages start at 1.") from exc
-            raise PageOutOfRange(int(page_number), paginator.num_pages) from exc
-        except InvalidPage as exc:
-            raise NotFound(f"Page {page_number!r} is not a page number.") from exc
-        if paginator.num_pages > 1 and self.template is not None:
-            self.display_page_controls = True
-        return list(self.page)
+            return super().paginate_queryset(queryset, request, view)
+        except NotFound as exc:
+            raise self._why(queryset, request) from exc
+
+    def _why(self, queryset: Any, request: Any) -> Exception:
+        """What was wrong with the page asked (only on a refusal: the count is read again)."""
+        asked = self.get_page_number(request, None)
+        try:
+            number = int(asked)
+        except ValueError:
+            return NotFound(f"Page {asked!r} is not a page number.")
+        if number < 1:  # only reached without the list's query serializer
+            return NotFound(f"Page {number} is not a page: pages start at 1.")
+        pages = self.django_paginator_class(queryset, self.get_page_size(request)).num_pages
+        return PageOutOfRange(number, pages)
