@@ -44,7 +44,8 @@ class Node:
     maintenance_ends: float | None = None
     """When its maintenance window (the one it is in, its `state` then `draining`, or the next one)
     ends, unless an operator's cordon or its health keeps it out anyway: named in "not ready now"
-    notes. None = no window."""
+    notes, and for a node out of the pass (inside its window, or held out for one too close) the
+    time from which an EASY reservation counts on its GPUs. None = no window, or no promise."""
 
 
 @dataclass(frozen=True, slots=True)

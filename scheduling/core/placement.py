@@ -73,8 +73,7 @@ class FleetState:
                 self.buckets[bkey] = [{} for _ in range(self.max_gpus[n.gpu_type] + 1)]
                 self.regions_of[n.gpu_type].append(n.region)
             self.buckets[bkey][len(free)][n.id] = None
-            # A node outside any IB group is a group of its own: it can never host a multi-node gang.
-            gkey = (n.gpu_type, n.region, n.ib_group or f"node:{n.id}")
+            gkey = group_key(n)
             if gkey not in self.group_region:
                 self.group_region[gkey] = n.region
                 self.groups_of[n.gpu_type].append(gkey)
@@ -261,6 +260,12 @@ class FleetState:
         if best is None:
             return None
         return pick_in_group(self.group_nodes[best[1]], self.free, self.node, g)
+
+
+def group_key(n: Node) -> GroupKey:
+    """The IB group a node belongs to; a node outside any IB group is a group of its own (it can
+    never host a multi-node gang)."""
+    return (n.gpu_type, n.region, n.ib_group or f"node:{n.id}")
 
 
 def pick_in_group(

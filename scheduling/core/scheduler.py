@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from scheduling.core import reasons
-from scheduling.core.backfill import Release, earliest_start, releases_by_type
+from scheduling.core.backfill import Release, earliest_start, releases_by_type, returning_releases
 from scheduling.core.decisions import Place, Preempt, Reservation, Result, Skip
 from scheduling.core.fairshare import (
     Level,
@@ -126,6 +126,10 @@ class _Pass:
         self.n_backfill_res = 0
         self.placed_releases: dict[str, list[Release]] = defaultdict(list)
         self.base_releases: dict[str, list[Release]] | None = None
+        # Nodes out of the pass only until their maintenance window ends (see `earliest`), and the
+        # releases of their GPUs, per type: both made with base_releases.
+        self.returning: dict[int, Node] = {}
+        self.back_releases: dict[str, list[Release]] = {}
         self.excluded: set[tuple[int, int]] = set()  # running GPUs promised to a preempting job
         self.fs: dict[tuple[int, int, int], float] = {}
         self.prio: dict[int, float] = {}
@@ -220,8 +224,9 @@ class _Pass:
     def fill_before_maintenance(self) -> None:
         """Place waiting jobs that end (by max wall) before a node's maintenance window on it, in
         priority order, best fit (the tightest free count). A backfill: no reservation counts on
-        these GPUs. Only jobs that wait for GPUs (not for their quota, budget or victims already
-        signalled) and only on the types they would take now (`not_deferred`); gangs of one node."""
+        these GPUs before the window's end (these jobs end before it starts). Only jobs that wait
+        for GPUs (not for their quota, budget or victims already signalled) and only on the types
+        they would take now (`not_deferred`); gangs of one node."""
         free = {nid: {i for i in n.free_gpu_indices if 0 <= i < n.gpu_count}
                 for nid, n in self.limited.items()}
         for r in self.snap.running:
@@ -448,11 +453,9 @@ class _Pass:
         if self.do_backfill and self.n_backfill_res < self.cfg.max_reservations:
             res = self.reserve(job, types, walls)
             if isinstance(res, Reservation):
-                return self.skip(
-                    job,
-                    reasons.RESOURCES,
-                    f"reserved: earliest start {reasons.utc_time(res.start_at)} on {res.gpu_type}{exempt}",
-                )
+                at = f"{reasons.utc_time(res.start_at)} on {res.gpu_type}"
+                back = ", on GPUs back from maintenance by then" if self.back_from_maintenance(res) else ""
+                return self.skip(job, reasons.RESOURCES, f"reserved: earliest start {at}{back}{exempt}")
             if res is not None:
                 block, start = res
                 detail = (
@@ -709,21 +712,14 @@ class _Pass:
         Its quota room is checked over the run it reserves (from that start, not from now): when
         it would take room promised to another job, no reservation is made, and (the first such
         refusal, with its start) is returned instead."""
-        if self.base_releases is None:
-            self.base_releases = releases_by_type(
-                self.snap.running, self.state, self.now, self.cfg.grace_seconds
-            )
         best: tuple[float, str, Allocation] | None = None
         refused: tuple[QuotaBlock, float] | None = None
         for t in types:
             if self.res_by_type.get(t):
                 continue  # one reservation per type keeps the EASY guarantee simple to reason about
-            rel = self.base_releases.get(t, []) + self.placed_releases.get(t, [])
-            found = earliest_start(self.state, t, job.gpu_count, job.regions, rel, self.excluded)
+            found = self.earliest(job, t, walls[t])
             if found is None or (best is not None and found[0] >= best[0]):
                 continue
-            if self.runs_into_window(found[1], found[0] + walls[t]):
-                continue  # GPUs that go into maintenance before the job would end: no promise
             block = None
             if self.quota.active:
                 block = self.quota.block(job, t, found[0] + walls[t], start=found[0])
@@ -737,6 +733,43 @@ class _Pass:
         self.add_reservation(job, res)
         self.n_backfill_res += 1
         return res
+
+    def earliest(self, job: PendingJob, gpu_type: str, wall: float) -> tuple[float, Allocation] | None:
+        """The job's earliest start on the type and its GPUs then, by running jobs' and this pass's
+        releases, for a run that crosses no maintenance window (GPUs a window takes before the job
+        would end: no promise). Nodes out of the pass only until their maintenance window ends
+        (inside it, or held out for one too close) count from that end, or from when a job still
+        running there frees its GPUs, if later: a job that only such nodes can hold starts when they
+        are back. The ready fleet's answer is kept unless theirs is sooner."""
+        if self.base_releases is None:
+            self.base_releases = releases_by_type(
+                self.snap.running, self.state, self.now, self.cfg.grace_seconds
+            )
+            self.returning = {n.id: n for n in self.snap.nodes
+                              if n.maintenance_ends is not None and n.id not in self.state.node}
+            if self.returning:
+                self.back_releases = returning_releases(
+                    self.returning, self.snap.running, self.now, self.cfg.grace_seconds
+                )
+        rel = self.base_releases.get(gpu_type, []) + self.placed_releases.get(gpu_type, [])
+        found = earliest_start(self.state, gpu_type, job.gpu_count, job.regions, rel, self.excluded)
+        options = [found] if found is not None else []
+        back = self.back_releases.get(gpu_type)
+        if back:
+            found = earliest_start(
+                self.state, gpu_type, job.gpu_count, job.regions, rel + back, self.excluded, self.returning
+            )
+            if found is not None:
+                options.append(found)
+        # Sooner first; the ready fleet's first on a tie (a stable sort).
+        for start, alloc in sorted(options, key=lambda o: o[0]):
+            if not self.runs_into_window(alloc, start + wall):
+                return start, alloc
+        return None
+
+    def back_from_maintenance(self, res: Reservation) -> bool:
+        """Whether the reservation counts on GPUs of a node out of the pass until its window ends."""
+        return any(node_id in self.returning for node_id, _ in res.allocations)
 
     def add_reservation(self, job: PendingJob, res: Reservation) -> None:
         """Mask the reserved GPUs, and claim the job's quota room from the same time."""

@@ -411,6 +411,38 @@ def test_a_node_before_its_maintenance_window_takes_only_jobs_that_end_by_then(
     assert load_snapshot(now=now + timedelta(hours=3)).snapshot.nodes[0].maintenance_ends is None
 
 
+def test_a_job_only_a_node_in_maintenance_can_hold_expects_to_start_when_the_window_ends(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+) -> None:
+    """The only H100 node is inside its maintenance window: the 8-GPU job's `expected_start_at`
+    (in the API too) is the window's end, rounded up to the second, and nothing is placed."""
+    from rest_framework.test import APIClient
+
+    now = timezone.now()
+    until = now + timedelta(hours=2)
+    Node.objects.filter(pk=fleet["node"].pk).update(maintenance_from=now - timedelta(hours=1),
+                                                    maintenance_until=until)
+    fund(tenant["org"], 10**12)
+    big = make_job(JobState.QUEUED, gpu_count=8, gpu_types=["H100"])
+    OrgMembershipFactory(org=tenant["org"], user=tenant["user"])
+    api = APIClient()
+    api.force_authenticate(tenant["user"])
+
+    run_scheduling_pass(trigger="test")
+    big.refresh_from_db()
+    assert big.state == JobState.QUEUED and big.wait_reason == "resources"
+    assert big.wait_detail.endswith(" on H100, on GPUs back from maintenance by then"), big.wait_detail
+    assert big.expected_start_at is not None
+    assert 0 <= (big.expected_start_at - until).total_seconds() < 1
+    shown = api.get(f"/api/v1/jobs/{big.pk}").json()["expected_start_at"]
+    assert shown is not None and 0 <= (parse_datetime(shown) - until).total_seconds() < 1
+
+    # Drained by an operator as well, the window's end is no promise: no expected start.
+    Node.objects.filter(pk=fleet["node"].pk).update(cordon="drain")
+    run_scheduling_pass(trigger="test")
+    assert Job.objects.get(pk=big.pk).expected_start_at is None
+
+
 def test_usage_decays_by_half_each_half_life(
     tenant: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
 ) -> None:

@@ -47,12 +47,20 @@ def test_a_job_waiting_for_a_maintenance_window_to_end_is_told_when_it_ends() ->
     nodes = [node(1, gpus=4), node(2, state="draining", maintenance_ends=7200.5),
              node(3, state="draining", maintenance_ends=9000.0), node(4, state="down"),
              node(5, "A100", state="draining", maintenance_ends=3600.0)]  # not a type it takes
-    res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))]))
+    # Without a reservation (none may be made here), the note says when the first window ends.
+    res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))], now=3_000.0, max_reservations=0))
     (skip,) = res.skips
     assert skip.detail == (
-        "does not fit the ready fleet even when idle (not ready now: 1 down, 2 in-maintenance nodes "
-        "of its types; the first maintenance ends 1970-01-01T02:00:01Z)"
+        "no free gang of GPUs; does not fit the ready fleet even when idle (not ready now: 1 down, "
+        "2 in-maintenance nodes of its types; the first maintenance ends 1970-01-01T02:00:01Z)"
     )
+    # With one, it is reserved from that end on the node then back (test_maintenance.py).
+    res = schedule(snap(nodes, [job(1, gpus=8, gpu_types=("H100",))], now=3_000.0))
+    (skip,) = res.skips
+    assert skip.detail == (
+        "reserved: earliest start 1970-01-01T02:00:01Z on H100, on GPUs back from maintenance by then"
+    )
+    assert [(r.start_at, r.allocations) for r in res.reservations] == [(7200.5, ((2, tuple(range(8))),))]
 
 
 def test_a_job_blocked_behind_a_reservation_still_names_the_nodes_not_ready() -> None:

@@ -171,3 +171,111 @@ def test_a_job_behind_quota_room_promised_to_a_job_placed_before_a_window_waits_
     assert res.wait_reasons[2] == R.QUOTA
     [skip] = [d for d in res.skips if d.job_id == 2]
     assert "H100 org 4 of 5 in use" in skip.detail
+
+
+# -- the expected start of a job that only a node in (or too near) its maintenance window can hold --
+
+BACK = NOW + 3600  # when the window of the node in maintenance ends
+
+
+def test_a_job_only_a_node_in_its_window_can_hold_is_reserved_from_the_windows_end() -> None:
+    """The only H100 node is inside its window (the scheduler sees it draining) until BACK: the
+    8-GPU job is reserved from BACK on it (its expected start), and nothing is placed there meanwhile."""
+    nodes = [node(1, state="draining", maintenance_ends=BACK)]
+    pending = [job(1, gpus=8, wall=7200, submitted=1.0), job(2, gpus=1, wall=60, submitted=2.0)]
+    res = schedule(snap(nodes, pending, now=NOW, policy="fifo_backfill"))
+    assert res.placements == []
+    assert [(r.job_id, r.start_at, r.allocations, r.kind) for r in res.reservations] == [
+        (1, BACK, ((1, tuple(range(8))),), "backfill")
+    ]
+    assert res.wait_reasons == {1: R.RESOURCES, 2: R.RESOURCES}
+    assert res.skips[0].detail == (
+        f"reserved: earliest start {utc_time(BACK)} on H100, on GPUs back from maintenance by then"
+    )
+
+
+def test_a_job_still_running_on_the_node_past_the_windows_end_is_waited_for() -> None:
+    """Running jobs are left to the operator during a window: GPUs a job holds past the window's end
+    free only at its wall."""
+    nodes = [node(1, state="draining", maintenance_ends=BACK)]
+    run = [running(50, ((1, (0, 1, 2, 3)),), cls="production", preemptible=False, started=NOW - 100,
+                   wall=5000)]  # ends at NOW + 4,900, after BACK
+    res = schedule(snap(nodes, [job(1, gpus=8, wall=7200)], run, now=NOW))
+    assert [(r.start_at, r.allocations) for r in res.reservations] == [(NOW + 4900, ((1, tuple(range(8))),))]
+    res = schedule(snap(nodes, [job(1, gpus=4, wall=7200)], run, now=NOW))
+    assert [(r.start_at, r.allocations) for r in res.reservations] == [(BACK, ((1, (4, 5, 6, 7)),))]
+
+
+def test_a_ready_node_held_out_for_its_window_is_reserved_from_its_end_and_filled_before_it() -> None:
+    """Node 1's window runs from NOW + 600 to BACK: it is held out of the pass. The 8-GPU job is
+    reserved from BACK there; the fill still gives the node a job that ends before the window, and
+    none that would run into it."""
+    nodes = [node(1, available_until=NOW + 600, maintenance_ends=BACK)]
+    pending = [job(1, gpus=8, wall=7200, submitted=1.0), job(2, gpus=4, wall=300, submitted=2.0),
+               job(3, gpus=4, wall=1200, submitted=3.0)]
+    res = schedule(snap(nodes, pending, now=NOW, policy="fifo_backfill"))
+    assert [(p.job_id, p.reason_code) for p in res.placements] == [(2, R.BACKFILLED)]
+    assert [(r.job_id, r.start_at) for r in res.reservations] == [(1, BACK)]
+    assert res.wait_reasons == {1: R.RESOURCES, 3: R.RESOURCES}
+
+
+def test_the_sooner_of_the_ready_fleet_and_the_node_back_from_maintenance_is_reserved() -> None:
+    later = NOW + 10_000
+    for busy_until, start, on in ((later, BACK, 1), (NOW + 1000, NOW + 1000, 2)):
+        nodes = [node(1, state="draining", maintenance_ends=BACK), node(2, free=())]
+        run = [running(50, ((2, tuple(range(8))),), cls="production", preemptible=False, started=NOW,
+                       wall=busy_until - NOW)]
+        res = schedule(snap(nodes, [job(1, gpus=8, wall=7200)], run, now=NOW))
+        assert [(r.start_at, r.allocations[0][0]) for r in res.reservations] == [(start, on)]
+
+
+def test_no_backfill_delays_a_gang_that_needs_a_node_back_from_maintenance() -> None:
+    """One IB group: node 1 ready and idle, node 2 in its window until BACK. The 16-GPU gang is
+    reserved from BACK on both, node 1's GPUs held for it: a job that ends by then may use them, one
+    that would run past it may not (before, no reservation was made and it took node 1)."""
+    nodes = [node(1, ib_group="g"), node(2, ib_group="g", state="draining", maintenance_ends=BACK)]
+    gang = job(1, gpus=16, wall=7200, submitted=1.0)
+    for wall, placed in ((3600, [2]), (3601, [])):
+        res = schedule(snap(nodes, [gang, job(2, gpus=8, wall=wall, submitted=2.0)], now=NOW,
+                            policy="fifo_backfill"))
+        assert [(r.job_id, r.start_at, {n for n, _ in r.allocations}) for r in res.reservations] == [
+            (1, BACK, {1, 2})
+        ]
+        assert [p.job_id for p in res.placements] == placed
+        if not placed:
+            assert res.wait_reasons[2] == R.reserved_for(1)
+
+
+def test_a_type_whose_nodes_are_all_in_maintenance_is_reserved_after_the_pass_settles() -> None:
+    """The H100 fleet is full and reserved (the pass settles: nothing more can start on a ready
+    node); the A100 job, whose only node is in its window, still gets its reservation."""
+    nodes = [node(1, free=()), node(2, "A100", state="draining", maintenance_ends=BACK)]
+    run = [running(50, ((1, tuple(range(8))),), cls="production", preemptible=False, started=NOW,
+                   wall=86_400)]
+    pending = [job(1, gpus=8, wall=3600, gpu_types=("H100",), submitted=1.0),
+               job(2, gpus=8, wall=3600, gpu_types=("H100",), submitted=2.0),
+               job(3, gpus=4, wall=3600, gpu_types=("A100",), submitted=3.0)]
+    res = schedule(snap(nodes, pending, run, now=NOW, preemption=False))
+    assert sorted((r.job_id, r.gpu_type, r.start_at) for r in res.reservations) == [
+        (1, "H100", NOW + 86_400), (3, "A100", BACK)
+    ]
+
+
+def test_a_node_drained_or_down_is_no_promise_even_with_a_window() -> None:
+    """Without `maintenance_ends` (the adapter leaves it out when a cordon or the node's health
+    keeps it out anyway) a node that is not ready counts for nothing, as before."""
+    nodes = [node(1, state="draining")]
+    res = schedule(snap(nodes, [job(1, gpus=8, wall=7200)], now=NOW))
+    assert res.reservations == [] and res.wait_reasons == {1: R.RESOURCES}
+
+
+def test_a_node_kept_in_the_pass_is_not_counted_again_as_back_from_its_window() -> None:
+    """A node whose window is beyond every pending run from now stays in the pass (its GPUs count
+    as they free, until its window). A reservation whose run would cross that window is still not
+    made, nor one from the window's end: not estimated (only nodes out of the pass are counted
+    from their window's end)."""
+    nodes = [node(1, free=range(4, 8), available_until=NOW + 10 * 3600, maintenance_ends=NOW + 11 * 3600)]
+    run = [running(50, ((1, (0, 1, 2, 3)),), cls="production", preemptible=False, started=NOW,
+                   wall=5 * 3600)]
+    res = schedule(snap(nodes, [job(1, gpus=8, wall=8 * 3600)], run, now=NOW))
+    assert res.reservations == [] and res.wait_reasons == {1: R.RESOURCES}

@@ -20,6 +20,16 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     now = 100_000.0
     for nid in range(n_nodes):
         gpus = draw(st.sampled_from((1, 2, 4, 8)))
+        state = draw(st.sampled_from(("ready", "ready", "ready", "draining", "unknown", "down")))
+        # A maintenance window ahead (or just begun) on some nodes.
+        until = draw(st.sampled_from((None, None, None, now + 3600, now + 50_000, now - 10)))
+        # When it ends (the adapter names it only for a node that only the window keeps out): a
+        # draining node may be inside its window.
+        ends = None
+        if until is not None and state == "ready":
+            ends = max(until, now) + draw(st.sampled_from((600.0, 20_000.0)))
+        elif state == "draining":
+            ends = draw(st.sampled_from((None, now + 1800, now + 30_000)))
         nodes.append(
             Node(
                 nid,
@@ -29,9 +39,9 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 region=draw(st.sampled_from(("eu", "us"))),
                 nvlink_domain=f"nv{nid % 2}",
                 ib_group=draw(st.sampled_from(("", "a", "b"))),
-                state=draw(st.sampled_from(("ready", "ready", "ready", "draining", "unknown", "down"))),
-                # A maintenance window ahead (or just begun) on some nodes.
-                available_until=draw(st.sampled_from((None, None, None, now + 3600, now + 50_000, now - 10))),
+                state=state,
+                available_until=until,
+                maintenance_ends=ends,
             )
         )
     run: list[RunningJob] = []
@@ -116,12 +126,31 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
         assert len(groups) == 1  # one node, or one IB group
     for nid, n in nodes.items():
         assert sum(1 for m, _ in used if m == nid) <= n.gpu_count
-    # Nor does a reservation (EASY or preemption) promise GPUs a window takes before the job ends.
+    # Nor does a reservation (EASY or preemption) promise GPUs a window takes before the job ends
+    # (GPUs of a node from the end of its window are free of it).
     for r in res.reservations:
         wall = next(j for j in s.pending if j.id == r.job_id).max_wall_seconds
         for nid, _ in r.allocations:
-            until = nodes[nid].available_until
-            assert until is None or r.start_at + wall <= until
+            n = nodes[nid]
+            until, ends = n.available_until, n.maintenance_ends
+            assert until is None or r.start_at + wall <= until or (ends is not None and r.start_at >= ends)
+    # No EASY reservation is delayed by this pass: each GPU it names is free by its start (of the
+    # job running there, by its wall or its grace; of a job placed in this pass, by its max wall),
+    # and a node that is not ready, or is held out for its window, is back by then.
+    holder = {(n, i): run for run in s.running for n, idx in run.allocations for i in idx}
+    placed = {(n, i): s.now + p.max_wall_seconds
+              for p in res.placements for n, idx in p.allocations for i in idx}
+    for r in res.reservations:
+        if r.kind != "backfill":
+            continue
+        for nid, idx in r.allocations:
+            n = nodes[nid]
+            if n.state != "ready" or (n.available_until is not None and n.available_until < r.start_at):
+                assert n.maintenance_ends is not None and r.start_at >= n.maintenance_ends, (r, n)
+            for i in idx:
+                assert placed.get((nid, i), s.now) <= r.start_at, f"job {r.job_id}'s reservation delayed"
+                run = holder.get((nid, i))
+                assert run is None or _exit(run, s, set()) <= r.start_at, (r, run)
     # Every pending job exactly once, with a Place or a Skip carrying a known reason.
     decided = [d.job_id for d in res.decisions if not hasattr(d, "for_job_id")]
     assert sorted(decided) == sorted(j.id for j in s.pending)
