@@ -170,7 +170,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
         # effect and the ledger's rows, keys are never deleted here: revoke them.
         return False
 
-    @admin.action(description="Revoke selected API keys")
+    # For staff who may change keys (review: a view-only user could revoke anyone's).
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):

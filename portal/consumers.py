@@ -55,6 +55,13 @@ def _build_snapshot() -> dashboard.Snapshot:
     return dashboard.build_snapshot()
 
 
+def refresh_seconds() -> float:
+    """A `refresh` within this many seconds of the last snapshot sent is ignored
+    (PORTAL_DASHBOARD_REFRESH_SECONDS, 1 s): the page has that one already, and a client sending
+    refreshes in a loop made the server build a whole snapshot for each (review)."""
+    return float(getattr(settings, "PORTAL_DASHBOARD_REFRESH_SECONDS", 1.0))
+
+
 def recheck_seconds() -> float:
     """How often an open socket re-checks its viewer (PORTAL_DASHBOARD_RECHECK_SECONDS, 5 s)."""
     return float(getattr(settings, "PORTAL_DASHBOARD_RECHECK_SECONDS", 5.0))
@@ -134,6 +141,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if self.scope_filter is None:
             return
         if isinstance(content, dict) and content.get("type") == "refresh":
+            if time.monotonic() - self._last_sent < refresh_seconds():
+                return  # just sent: the page has it (and a flood of frames builds nothing)
+            self._last_sent = time.monotonic()  # frames arriving while this one builds wait their turn
             await self._send_snapshot(await _build_snapshot())
 
     async def dashboard_snapshot(self, event: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest, TruncMinute
 
+from accounts.selectors import visible_projects
 from config.clock import db_now
 from ledger.models import Account, Posting
 from scheduling.models import (
@@ -36,13 +37,20 @@ from scheduling.models import (
 )
 
 
+def own_jobs(*, user: AbstractBaseUser) -> QuerySet[Job]:
+    """The jobs the user submitted in projects they still see (`GET /api/v1/jobs` and the job's
+    page read the same projects): someone who left an org no longer follows its jobs (review: the
+    home page kept listing them, with their state, wait reason and place in the queue)."""
+    return Job.objects.filter(user=user, project__in=visible_projects(user))
+
+
 def user_jobs(*, user: AbstractBaseUser, limit: int = 50) -> QuerySet[Job]:
-    """The user's jobs, live and waiting ones first, then the most recent."""
+    """The user's jobs (`own_jobs`), live and waiting ones first, then the most recent."""
     unfinished = Case(
         When(state__in=TERMINAL_JOB_STATES, then=1), default=0, output_field=IntegerField()
     )
     return (
-        Job.objects.filter(user=user)
+        own_jobs(user=user)
         .select_related("org", "project", "priority_class")
         .annotate(finished=unfinished)
         .order_by("finished", "-submitted_at", "-id")[:limit]

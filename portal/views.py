@@ -11,10 +11,10 @@ from portal.access import dashboard_scope, org_view_for, visible_orgs
 from portal.balances import org_balances
 from portal.consumers import DASHBOARD_WS_PATH, pull_interval_seconds
 from portal.job_costs import job_costs
-from portal.selectors import user_jobs
+from portal.selectors import own_jobs, user_jobs
 from scheduling import job_reads
 from scheduling.fleet_report import org_quotas
-from scheduling.models import Job, JobState
+from scheduling.models import JobState
 from scheduling.selectors import standings_of
 
 JOBS_SHOWN = 50
@@ -27,7 +27,7 @@ def home(request: HttpRequest) -> HttpResponse:
     orgs = [org_balances(view, request.user) for view in visible_orgs(request.user)]
     jobs = list(user_jobs(user=request.user, limit=JOBS_SHOWN))
     # QA: the list stopped at 50 without saying so. Counted only when the page is full.
-    jobs_total = Job.objects.filter(user=request.user).count() if len(jobs) == JOBS_SHOWN else len(jobs)
+    jobs_total = own_jobs(user=request.user).count() if len(jobs) == JOBS_SHOWN else len(jobs)
     queued = [job for job in jobs if job.state == JobState.QUEUED]
     if queued:  # where each stands in the queue (the API's GET /jobs/{id}/priority, cached)
         found = standings_of(queued)

@@ -190,6 +190,8 @@ class NodeAdmin(AuditedSettingAdmin):
     exclude = ("token_hash",)
     form = NodeForm
     inlines = (AllocationInline,)
+    # Each changes the node (or replaces its agent's credential): for staff who may change nodes,
+    # not for whoever may only view the list (review: a view-only user minted a node token).
     actions = ("issue_token", "drain", "take_out_of_service", "return_to_service")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> Any:
@@ -254,19 +256,20 @@ class NodeAdmin(AuditedSettingAdmin):
         # The admin capitalises a message's first letter: a node's name must not come first (QA).
         messages.success(request, f"{'Nodes' if len(names) > 1 else 'Node'} {', '.join(names)}: {label}.")
 
-    @admin.action(description="Drain: no new jobs, running ones finish")
+    @admin.action(description="Drain: no new jobs, running ones finish", permissions=["change"])
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         self._cordon(request, queryset, NodeCordon.DRAIN)
 
-    @admin.action(description="Take out of service: stop running jobs (requeued elsewhere)")
+    @admin.action(description="Take out of service: stop running jobs (requeued elsewhere)",
+                  permissions=["change"])
     def take_out_of_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         self._cordon(request, queryset, NodeCordon.DOWN)
 
-    @admin.action(description="Return to service")
+    @admin.action(description="Return to service", permissions=["change"])
     def return_to_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         self._cordon(request, queryset, NodeCordon.NONE)
 
-    @admin.action(description="Issue a new agent token (shown once)")
+    @admin.action(description="Issue a new agent token (shown once)", permissions=["change"])
     def issue_token(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         from scheduling.services.nodes import issue_node_token
 

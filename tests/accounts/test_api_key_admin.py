@@ -85,3 +85,28 @@ def test_a_future_expiry_is_saved(staff: Client) -> None:
                                          "expires_at_1": later.strftime("%H:%M:%S")})
     assert response.status_code == 302
     assert ApiKey.objects.get(user=owner).expires_at.date() == later.date()
+
+
+def test_a_view_only_user_cannot_revoke_keys_in_the_admin(client: Client) -> None:
+    """Review: "Revoke selected API keys" had no `permissions`, so staff who may only view keys (a
+    support role) could revoke anyone's; it needs the change permission."""
+    from django.contrib.auth.models import Permission
+
+    key, _raw = create_api_key(user=UserFactory(), name="ci")
+    viewer = UserFactory(is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(content_type__app_label="accounts",
+                                                       codename="view_apikey"))
+    client.force_login(viewer)
+    changelist = reverse("admin:accounts_apikey_changelist")
+    form = client.get(changelist).context["action_form"]
+    assert form is None or "revoke_keys" not in {name for name, _label in form.fields["action"].choices}
+    client.post(changelist, {"action": "revoke_keys", "_selected_action": [key.pk]})
+    key.refresh_from_db()
+    assert key.revoked_at is None
+    editor = UserFactory(is_staff=True)
+    editor.user_permissions.add(*Permission.objects.filter(content_type__app_label="accounts",
+                                                           codename__in=("view_apikey", "change_apikey")))
+    client.force_login(editor)
+    client.post(changelist, {"action": "revoke_keys", "_selected_action": [key.pk]})
+    key.refresh_from_db()
+    assert key.revoked_at is not None

@@ -90,8 +90,9 @@ def test_a_refused_socket_answers_nothing_more(world: World) -> None:
     async_to_sync(scenario)(world)
 
 
-def test_frames_that_are_not_json_text_are_ignored(world: World) -> None:
+def test_frames_that_are_not_json_text_are_ignored(world: World, settings: Any) -> None:
     """QA: a binary or malformed frame raised out of the consumer and dropped the socket."""
+    settings.PORTAL_DASHBOARD_REFRESH_SECONDS = 0  # the refresh below follows the first snapshot at once
 
     async def scenario(world_async: World) -> None:
         communicator = await _communicator(world_async.carol)
@@ -267,3 +268,29 @@ def test_pull_defaults_follow_the_channel_layer(settings: object) -> None:
         assert pull_interval_seconds() == 5.0
     finally:
         channel_layers.backends.clear()
+
+
+def test_refresh_frames_do_not_each_build_a_snapshot(world: World, monkeypatch: Any) -> None:
+    """Review: every `{"type": "refresh"}` frame built a whole snapshot (every org's running jobs,
+    queue, consumption and the fleet's history), so one signed-in org admin sending frames in a
+    loop kept the web process and the database busy. A refresh within
+    `PORTAL_DASHBOARD_REFRESH_SECONDS` (1 s) of the last snapshot sent gets nothing: the page has
+    that one already."""
+    from portal import consumers
+
+    builds = []
+    real = consumers.dashboard.build_snapshot
+    monkeypatch.setattr(consumers.dashboard, "build_snapshot", lambda: builds.append(1) or real())
+
+    async def scenario(world_async: World) -> None:
+        communicator = await _communicator(world_async.bob)  # an org owner
+        connected, _ = await communicator.connect()
+        assert connected
+        await communicator.receive_json_from(timeout=5)
+        for _ in range(20):
+            await communicator.send_json_to({"type": "refresh"})
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+
+    async_to_sync(scenario)(world)
+    assert len(builds) == 1  # the one on connect

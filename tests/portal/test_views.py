@@ -193,14 +193,15 @@ def test_logout_signs_out(world: World) -> None:
 def test_home_page_query_count_does_not_grow_with_buckets(
     world: World, django_assert_max_num_queries: object
 ) -> None:
-    # 19: each of alice's two project panels (vision, ops) adds one sum of its own holds; the
-    # org's budgets are one read (none are set: no period to read, no role to check).
+    # 20: each of alice's two project panels (vision, ops) adds one sum of its own holds; the
+    # org's budgets are one read (none are set: no period to read, no role to check); her jobs
+    # are those of projects she sees, which asks once whether she is finance.
     client = _client(world.alice)
-    with django_assert_max_num_queries(19):  # type: ignore[operator]
+    with django_assert_max_num_queries(20):  # type: ignore[operator]
         assert client.get("/").status_code == 200
     for _ in range(10):
         fund(world.acme, 1_000_000)
-    with django_assert_max_num_queries(19):  # type: ignore[operator]
+    with django_assert_max_num_queries(20):  # type: ignore[operator]
         assert client.get("/").status_code == 200
 
 
@@ -330,3 +331,18 @@ def test_a_user_in_no_org_is_told_who_can_add_them() -> None:
     html = _client(UserFactory()).get("/").content.decode()
     assert "Ask an organization owner" not in html
     assert "platform's administrators" in html
+
+
+def test_a_user_removed_from_the_org_no_longer_sees_its_jobs_on_the_home_page(world: World) -> None:
+    """Review: the home page listed every job the user had ever submitted (its name, state, wait
+    reason, place in the queue, end), also after they left the job's org, while the job's page and
+    `GET /api/v1/jobs` answered 404 / nothing for it: the list shows the jobs of projects they see."""
+    from accounts.models import Membership, OrgMembership
+
+    client = _client(world.alice)
+    assert f'data-job="{world.job.id}"' in client.get("/").content.decode()
+    OrgMembership.objects.filter(user=world.alice).delete()
+    Membership.objects.filter(user=world.alice).delete()
+    html = client.get("/").content.decode()
+    assert f'data-job="{world.job.id}"' not in html and "train-resnet" not in html
+    assert client.get(reverse("portal:job", args=[world.job.pk])).status_code == 404
