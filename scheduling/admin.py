@@ -349,12 +349,12 @@ class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     date_hierarchy = "submitted_at"
 
     # Finance reaches the job list to credit a job (`scheduling.refund_job`), without being able to
-    # cancel, hold or release jobs: those actions need the operators' own view permission.
+    # cancel, hold or release jobs: those actions need `scheduling.operate_job`.
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or self.has_refund_permission(request)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
-        return super().has_view_permission(request)
+        return request.user.has_perm("scheduling.operate_job")
 
     def has_refund_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("scheduling.refund_job")

@@ -359,6 +359,9 @@ class Job(models.Model):
             models.Index(fields=["org", "state"], name="job_org_state_idx"),
             models.Index(fields=["state"], name="job_state_idx"),
         ]
+        # The admin's cancel, hold and release actions (review: they needed only view_job, so
+        # staff who may only read the job list could cancel anyone's jobs).
+        permissions = [("operate_job", "Can cancel, hold and release jobs in the admin")]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.state})"

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from scheduling.models import Node, NodeCordon
+from scheduling.models import JobState, Node, NodeCordon
 from scheduling.services.nodes import authenticate_node
 from tests.factories import UserFactory
 
@@ -65,3 +65,59 @@ def test_a_user_who_may_change_nodes_keeps_the_actions(client: Client, fleet: di
                            follow=True)
     (message,) = [str(m) for m in response.context["messages"] if "Token for" in str(m)]
     assert authenticate_node(message.rsplit(": ", 1)[1]).pk == node.pk
+
+
+JOB_CHANGELIST = "admin:scheduling_job_changelist"
+JOB_ACTIONS = {"cancel", "hold", "release"}
+
+
+def _job_actions(client: Client) -> set[str]:
+    form = client.get(reverse(JOB_CHANGELIST)).context["action_form"]
+    return set() if form is None else {name for name, _label in form.fields["action"].choices if name}
+
+
+def test_a_user_who_may_only_view_jobs_cannot_cancel_hold_or_release_them(
+    client: Client, fleet: dict[str, Any], make_job: Any,
+) -> None:
+    """Review: the job actions needed only `view_job`; a read-only staff user cancelled a job."""
+    job = make_job(JobState.QUEUED, hold=False)
+    _staff(client, "view_job")
+    assert _job_actions(client) & JOB_ACTIONS == set()
+    for action in sorted(JOB_ACTIONS):
+        client.post(reverse(JOB_CHANGELIST), {"action": action, "_selected_action": [job.pk]}, follow=True)
+    job.refresh_from_db()
+    assert (job.state, job.held) == (JobState.QUEUED, False)
+
+
+def test_a_user_who_may_operate_jobs_cancels_one(
+    client: Client, fleet: dict[str, Any], make_job: Any,
+) -> None:
+    job = make_job(JobState.QUEUED, hold=False)
+    _staff(client, "view_job", "operate_job")
+    assert _job_actions(client) >= JOB_ACTIONS
+    client.post(reverse(JOB_CHANGELIST), {"action": "cancel", "_selected_action": [job.pk]}, follow=True)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+
+
+def test_the_migration_gives_operate_job_to_fleet_operators_only() -> None:
+    """Staff who view jobs and change nodes (users or groups) keep the job actions; read-only
+    staff do not get them."""
+    from importlib import import_module
+
+    from django.apps import apps
+    from django.contrib.auth.models import Group
+
+    def perms(*codenames: str) -> list[Permission]:
+        return list(Permission.objects.filter(content_type__app_label="scheduling", codename__in=codenames))
+
+    operate = perms("operate_job")[0]
+    operator, reader = UserFactory(is_staff=True), UserFactory(is_staff=True)
+    operator.user_permissions.add(*perms("view_job", "change_node"))
+    reader.user_permissions.add(*perms("view_job"))
+    ops, readers = Group.objects.create(name="ops"), Group.objects.create(name="readers")
+    ops.permissions.add(*perms("view_job", "change_node"))
+    readers.permissions.add(*perms("view_job", "view_node"))
+    import_module("scheduling.migrations.0034_job_operate_permission").forwards(apps, None)
+    assert operate in operator.user_permissions.all() and operate in ops.permissions.all()
+    assert operate not in reader.user_permissions.all() and operate not in readers.permissions.all()
