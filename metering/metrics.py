@@ -7,10 +7,12 @@ they are kept in the shared cache and read by a collector at scrape time (any pr
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
@@ -70,4 +72,13 @@ def _registry() -> CollectorRegistry:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The scrape; with `METRICS_TOKEN` set, only for `Authorization: Bearer <token>` (401 otherwise):
+    the figures are aggregates, but queue depths, capacity and money flows are not for everyone."""
+    token = settings.METRICS_TOKEN
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            response = HttpResponse("metrics need the scrape token\n", status=401, content_type="text/plain")
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+            return response
     return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)

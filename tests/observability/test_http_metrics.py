@@ -114,3 +114,18 @@ def test_submission_paths(api: APIClient, job_body: Callable[..., dict[str, Any]
     after = scrape()
     counts = [delta(before, after, "gpubank_job_submission_paths_total", path=p) for p in paths]
     assert counts == [1, 1, 1]
+
+
+def test_metrics_need_the_scrape_token_when_one_is_set(client: Any, settings: Any) -> None:
+    """Review: `/metrics` (queue depths, capacity, money flows) answered anyone; with
+    METRICS_TOKEN set only a scrape with it does."""
+    settings.METRICS_TOKEN = "s3cret-scrape"
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert b"gpubank_" not in refused.content
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Basic s3cret-scrape").status_code == 401
+    ok = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape")
+    assert ok.status_code == 200 and b"gpubank_http_requests_total" in ok.content
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 200
