@@ -4,7 +4,9 @@ A request to `/api/v1/` with `Authorization: Bearer …` is authenticated by its
 (`ApiKeyAuthentication` answers 401 for any Bearer header it cannot verify; it never falls back to
 a session), so it needs no session and no messages (X-Frame-Options stays: `check --deploy`). Every
 other request — the portal, the admin, and session-authenticated browser calls to the API (where
-DRF's SessionAuthentication still enforces CSRF) — runs these middleware unchanged.
+DRF's SessionAuthentication still enforces CSRF) — runs these middleware unchanged. Under ASGI
+(uvicorn, `async_mode`) the skip returns the next handler's awaitable as it is (review: it applied
+only to the sync chain, so under uvicorn every Bearer call still loaded the session it sent).
 """
 
 from typing import Any
@@ -31,14 +33,14 @@ async def _anonymous() -> AnonymousUser:
 
 class ApiSessionMiddleware(SessionMiddleware):
     def __call__(self, request: HttpRequest) -> Any:
-        if not self.async_mode and is_bearer_api_call(request):
+        if is_bearer_api_call(request):
             return self.get_response(request)
         return super().__call__(request)
 
 
 class ApiAuthenticationMiddleware(AuthenticationMiddleware):
     def __call__(self, request: HttpRequest) -> Any:
-        if not self.async_mode and is_bearer_api_call(request):
+        if is_bearer_api_call(request):
             # No session to read a user from; DRF sets the key's user on the request.
             request.user = AnonymousUser()
             request.auser = _anonymous
@@ -48,6 +50,6 @@ class ApiAuthenticationMiddleware(AuthenticationMiddleware):
 
 class ApiMessageMiddleware(MessageMiddleware):
     def __call__(self, request: HttpRequest) -> Any:
-        if not self.async_mode and is_bearer_api_call(request):
+        if is_bearer_api_call(request):
             return self.get_response(request)
         return super().__call__(request)

@@ -134,6 +134,34 @@ def test_bearer_api_calls_skip_browser_middleware(tenant: Tenant, api: APIClient
     assert response.status_code == 200 and hasattr(response.wsgi_request, "session")
 
 
+def test_bearer_api_calls_skip_the_session_under_asgi_too(tenant: Tenant, monkeypatch: Any) -> None:
+    """Review: the skip applied only to the sync chain; under uvicorn (ASGI, `async_mode`) a Bearer
+    call still loaded the session its client sent. A browser's session call still loads it."""
+    from asgiref.sync import async_to_sync
+    from django.contrib.sessions.middleware import SessionMiddleware
+    from django.test import AsyncClient
+
+    loaded: list[str] = []
+    real = SessionMiddleware.process_request
+
+    def spy(self: SessionMiddleware, request: Any) -> None:
+        loaded.append(request.path_info)
+        real(self, request)
+
+    monkeypatch.setattr(SessionMiddleware, "process_request", spy)
+    _key, raw = create_api_key(user=tenant.user, name="asgi")
+
+    async def calls() -> tuple[int, int]:  # one event loop: the DB work stays on this thread
+        client = AsyncClient()
+        await client.aforce_login(tenant.admin)
+        bearer = await client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {raw}"})
+        assert loaded == []
+        return bearer.status_code, (await client.get("/api/v1/jobs")).status_code
+
+    assert async_to_sync(calls)() == (200, 200)
+    assert loaded == ["/api/v1/jobs"]
+
+
 def test_session_api_post_still_needs_csrf(tenant: Tenant, job_body: Any) -> None:
     browser = APIClient(enforce_csrf_checks=True)
     browser.force_login(tenant.user)
