@@ -6,8 +6,9 @@ either way the reserved job can start no later than `start_at`, provided running
 wall limits (they are killed at the limit, so they do).
 
 Nodes out of the pass only for a maintenance window with a known end (`returning`: inside the
-window, or ready but held out for a window too close) count too: each of their GPUs frees at the
-window's end, or later if a running job holds it past then. No job is ever placed on such a node
+window, or ready but held out for a window too close) count too: each GPU they report free frees
+at the window's end, each GPU a running job holds then or when that job frees it, if later (a GPU
+reported busy with no known job on it never). No job is ever placed on such a node
 before that end except by `fill_before_maintenance`, whose jobs end before the window starts, so
 a reservation there is never delayed by this pass.
 """
@@ -48,8 +49,10 @@ def releases_by_type(
 def returning_releases(
     returning: Mapping[int, Node], running: Iterable[RunningJob], now: float, grace_seconds: float
 ) -> dict[str, list[Release]]:
-    """Releases of the GPUs of nodes back from maintenance: every GPU at the window's end
-    (`maintenance_ends`, never before now), or when the running job holding it frees it, if later."""
+    """Releases of the GPUs of nodes back from maintenance: each GPU the node reports free at the
+    window's end (`maintenance_ends`, never before now), and each GPU a running job holds when that
+    job frees it, if later. A GPU the node reports busy with no known job on it is never promised
+    (as `FleetState` never offers one on a ready node)."""
     held: dict[tuple[int, int], float] = {}
     for job in running:
         t = None
@@ -63,7 +66,10 @@ def returning_releases(
         back = max(now, node.maintenance_ends or now)
         at: dict[float, list[int]] = defaultdict(list)
         for i in range(node.gpu_count):
-            at[max(back, held.get((node_id, i), back))].append(i)
+            if (node_id, i) in held:
+                at[max(back, held[(node_id, i)])].append(i)
+            elif i in node.free_gpu_indices:
+                at[back].append(i)
         for t, idx in at.items():
             out[node.gpu_type].append((t, node_id, tuple(idx)))
     return out

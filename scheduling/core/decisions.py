@@ -55,6 +55,11 @@ class Reservation:
     start_at: float
     allocations: Allocation
     kind: Literal["backfill", "preemption", "quota"]
+    returning: bool = False
+    """A `backfill` reservation all of whose GPUs are on nodes out of the pass until their
+    maintenance window ends: it masks nothing (nothing is placed there before its start), so it
+    takes neither its type's one EASY reservation nor one of the pass's `max_reservations`; its
+    GPUs are promised to no other job of the pass. Its quota room is claimed as for any other."""
 
 
 @dataclass(slots=True)
@@ -67,9 +72,10 @@ class Result:
 
     @property
     def reservation(self) -> Reservation | None:
-        """The EASY-backfill reservation (top blocked job), if any."""
+        """The EASY-backfill reservation (top blocked job), if any: the first that holds its type's
+        reservation (a `returning` one, on GPUs back from maintenance only, holds none)."""
         for r in self.reservations:
-            if r.kind == "backfill":
+            if r.kind == "backfill" and not r.returning:
                 return r
         return None
 

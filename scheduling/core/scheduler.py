@@ -130,6 +130,8 @@ class _Pass:
         # releases of their GPUs, per type: both made with base_releases.
         self.returning: dict[int, Node] = {}
         self.back_releases: dict[str, list[Release]] = {}
+        # GPUs of those nodes promised to a reservation of this pass: no later one counts on them.
+        self.promised: set[tuple[int, int]] = set()
         self.excluded: set[tuple[int, int]] = set()  # running GPUs promised to a preempting job
         self.fs: dict[tuple[int, int, int], float] = {}
         self.prio: dict[int, float] = {}
@@ -729,9 +731,21 @@ class _Pass:
             best = (found[0], t, found[1])
         if best is None:
             return refused
-        res = Reservation(job.id, best[1], best[0], best[2], "backfill")
-        self.add_reservation(job, res)
-        self.n_backfill_res += 1
+        returning = all(node_id in self.returning for node_id, _ in best[2])
+        res = Reservation(job.id, best[1], best[0], best[2], "backfill", returning=returning)
+        if returning:
+            # It masks nothing and nothing can be placed on its GPUs before its start: holding the
+            # type's one reservation (or one of the pass's) would only leave the next blocked job
+            # of the type unprotected (review). Its GPUs go to no later reservation instead.
+            self.result.reservations.append(res)
+            self._claim(job, res)
+            self._shape_fail.clear()  # the claim may change a quota outcome
+        else:
+            self.add_reservation(job, res)
+            self.n_backfill_res += 1
+        self.promised.update(
+            (node_id, i) for node_id, idx in res.allocations if node_id in self.returning for i in idx
+        )
         return res
 
     def earliest(self, job: PendingJob, gpu_type: str, wall: float) -> tuple[float, Allocation] | None:
@@ -740,7 +754,8 @@ class _Pass:
         would end: no promise). Nodes out of the pass only until their maintenance window ends
         (inside it, or held out for one too close) count from that end, or from when a job still
         running there frees its GPUs, if later: a job that only such nodes can hold starts when they
-        are back. The ready fleet's answer is kept unless theirs is sooner."""
+        are back; GPUs of theirs promised to an earlier reservation of the pass are not counted. The
+        ready fleet's answer is kept unless theirs is sooner."""
         if self.base_releases is None:
             self.base_releases = releases_by_type(
                 self.snap.running, self.state, self.now, self.cfg.grace_seconds
@@ -756,8 +771,9 @@ class _Pass:
         options = [found] if found is not None else []
         back = self.back_releases.get(gpu_type)
         if back:
+            excluded = self.excluded | self.promised if self.promised else self.excluded
             found = earliest_start(
-                self.state, gpu_type, job.gpu_count, job.regions, rel + back, self.excluded, self.returning
+                self.state, gpu_type, job.gpu_count, job.regions, rel + back, excluded, self.returning
             )
             if found is not None:
                 options.append(found)
@@ -777,6 +793,11 @@ class _Pass:
         self._masks_changed(res.gpu_type)
         self.res_by_type[res.gpu_type].append(res)
         self.result.reservations.append(res)
+        self._claim(job, res)
+
+    def _claim(self, job: PendingJob, res: Reservation) -> None:
+        """Claim the job's quota room from the reservation's start (a reservation on GPUs back from
+        maintenance too: nothing else could delay it, so its expected start holds)."""
         self.quota.claim(job, res.gpu_type, res.start_at, res.kind, self.now + self.walls(job)[res.gpu_type])
 
     def reserve_quota(self, job: PendingJob, types: list[str], walls: dict[str, float]) -> Reservation | None:

@@ -152,11 +152,22 @@ def test_a_job_longer_than_the_time_before_a_window_is_told_about_the_window() -
     nodes = [node(1, "A100", 4, available_until=NOW + 240, maintenance_ends=NOW + 3600)]
     pending = [job(90, wall=1200.0, gpu_types=("A100",), submitted=1.0),
                job(92, wall=120.0, gpu_types=("A100",), submitted=2.0)]
-    res = schedule(snap(nodes, pending, now=NOW))
+    # Without a reservation (none may be made here), the note names the window and its end.
+    res = schedule(snap(nodes, pending, now=NOW, max_reservations=0))
     assert [p.job_id for p in res.placements] == [92]  # ends before the window: filled in
     [skip] = res.skips
     assert skip.job_id == 90 and "1 due-for-maintenance node of its types" in skip.detail
     assert skip.detail.endswith(f"; the first maintenance ends {utc_time(NOW + 3600)})")  # QA: and when
+    # With one, it is reserved from the window's end. (Before review 19, job 92, first in the queue,
+    # took the A100 reservation from the window's end and then gave it up when filled in before the
+    # window, so job 90 had none; a reservation on GPUs back from maintenance only takes no slot.)
+    res = schedule(snap(nodes, pending, now=NOW))
+    assert [p.job_id for p in res.placements] == [92]
+    [skip] = res.skips
+    assert skip.detail == (
+        f"reserved: earliest start {utc_time(NOW + 3600)} on A100, on GPUs back from maintenance by then"
+    )
+    assert [(r.job_id, r.start_at) for r in res.reservations] == [(90, NOW + 3600)]
 
 
 def test_a_job_behind_quota_room_promised_to_a_job_placed_before_a_window_waits_for_its_quota() -> None:

@@ -30,12 +30,14 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             ends = max(until, now) + draw(st.sampled_from((600.0, 20_000.0)))
         elif state == "draining":
             ends = draw(st.sampled_from((None, now + 1800, now + 30_000)))
+        # Now and then a GPU the node reports busy with no known job on it (never offered, nor promised).
+        phantom = draw(st.sampled_from((None, None, None, 0)))
         nodes.append(
             Node(
                 nid,
                 draw(st.sampled_from(sorted(TYPES))),
                 gpus,
-                frozenset(range(gpus)),
+                frozenset(range(gpus)) - {phantom},
                 region=draw(st.sampled_from(("eu", "us"))),
                 nvlink_domain=f"nv{nid % 2}",
                 ib_group=draw(st.sampled_from(("", "a", "b"))),
@@ -151,6 +153,25 @@ def test_no_double_allocation_capacity_and_one_decision_per_job(s: Snapshot) -> 
                 assert placed.get((nid, i), s.now) <= r.start_at, f"job {r.job_id}'s reservation delayed"
                 run = holder.get((nid, i))
                 assert run is None or _exit(run, s, set()) <= r.start_at, (r, run)
+                # A GPU the node reports busy with no known job on it is never promised.
+                assert run is not None or i in n.free_gpu_indices, (r, n)
+    # One EASY reservation per type, at most max_reservations of them; one on GPUs back from
+    # maintenance only takes neither, and no GPU back from maintenance is promised to two jobs.
+    easy = [r for r in res.reservations if r.kind == "backfill" and not r.returning]
+    assert len({r.gpu_type for r in easy}) == len(easy) <= s.config.max_reservations
+    assert res.reservation == (easy[0] if easy else None)
+    back: set[tuple[int, int]] = set()
+    for r in res.reservations:
+        if r.kind != "backfill":
+            continue
+        held_out = {nid for nid, _ in r.allocations
+                    if nodes[nid].state != "ready" or (nodes[nid].available_until is not None
+                                                      and nodes[nid].available_until < r.start_at)}
+        assert r.returning == (held_out == {nid for nid, _ in r.allocations}), r
+        for nid, idx in r.allocations:
+            if nid in held_out:
+                assert not back & {(nid, i) for i in idx}, f"GPUs of node {nid} promised twice"
+                back.update((nid, i) for i in idx)
     # Every pending job exactly once, with a Place or a Skip carrying a known reason.
     decided = [d.job_id for d in res.decisions if not hasattr(d, "for_job_id")]
     assert sorted(decided) == sorted(j.id for j in s.pending)

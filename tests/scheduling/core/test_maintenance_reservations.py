@@ -1,8 +1,10 @@
-"""Review of ccc5720 (reservations from a maintenance window's end): failing cases."""
+"""Reservations from a maintenance window's end (review of ccc5720): one on GPUs back from
+maintenance only masks nothing, so it takes neither its type's EASY reservation nor one of the
+pass's; its GPUs go to no other job; a GPU the node reports busy with no known job is never promised."""
 
 from __future__ import annotations
 
-from scheduling.core import schedule
+from scheduling.core import Quotas, schedule
 from scheduling.core import reasons as R
 from tests.scheduling.core.helpers import job, node, running, snap
 
@@ -71,3 +73,35 @@ def test_a_job_the_fill_places_before_a_window_leaves_the_type_without_a_reserva
     assert 1 in [p.job_id for p in res.placements]  # on node 2, before its window
     assert 3 not in [p.job_id for p in res.placements], "job 3 took the GPUs job 2 starts on in an hour"
     assert (2, NOW + 3600) in [(r.job_id, r.start_at) for r in res.reservations]
+
+
+def test_gpus_back_from_maintenance_are_promised_to_one_job_each() -> None:
+    """Node 1 is inside its window until BACK. Jobs 1 and 2 (4 GPUs each) are both reserved from
+    BACK on it, on different GPUs; job 3 finds every GPU of the node promised and gets none. None of
+    these reservations holds the H100 reservation (`Result.reservation`): they mask nothing."""
+    nodes = [node(1, state="draining", maintenance_ends=BACK)]
+    pending = [job(1, gpus=4, submitted=1.0), job(2, gpus=4, submitted=2.0), job(3, gpus=4, submitted=3.0)]
+    res = schedule(snap(nodes, pending, now=NOW, policy="fifo_backfill"))
+    assert [(r.job_id, r.start_at, r.allocations, r.returning) for r in res.reservations] == [
+        (1, BACK, ((1, (0, 1, 2, 3)),), True), (2, BACK, ((1, (4, 5, 6, 7)),), True)
+    ]
+    assert res.reservation is None
+    assert res.wait_reasons == {1: R.RESOURCES, 2: R.RESOURCES, 3: R.RESOURCES}
+    assert "reserved" not in res.skips[2].detail and "in-maintenance" in res.skips[2].detail
+
+
+def test_a_reservation_on_gpus_back_from_maintenance_still_claims_its_quota_room() -> None:
+    """Job 1 (8 GPUs) only fits node 2, in its window until BACK, and is reserved there; its org
+    may run 8 H100 GPUs at once, and that room is claimed from BACK as for any reservation: job 2
+    of the same org, which would still run on node 1 then, waits for it; job 3, which ends before
+    BACK, starts."""
+    nodes = [node(1, gpus=4), node(2, state="draining", maintenance_ends=BACK)]
+    h100 = {"gpu_types": ("H100",)}
+    pending = [job(1, gpus=8, wall=3600, submitted=1.0, **h100),
+               job(2, gpus=4, wall=20 * 3600, submitted=2.0, **h100),
+               job(3, gpus=4, wall=3600, submitted=3.0, **h100)]
+    quotas = Quotas(org={(1, "H100"): 8}, project={})
+    res = schedule(snap(nodes, pending, now=NOW, policy="fifo_backfill", quotas=quotas))
+    assert [(r.job_id, r.start_at, r.returning) for r in res.reservations] == [(1, BACK, True)]
+    assert [p.job_id for p in res.placements] == [3]
+    assert res.wait_reasons[2] == R.reserved_for(1)
