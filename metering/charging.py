@@ -130,8 +130,9 @@ def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> i
     return delta
 
 
-def _try_extend(attempt: JobAttempt, job: Job, hold: Hold, amount: int) -> str:
-    """Extend by `amount` in a savepoint; returns "" or the refusal's detail."""
+def try_extend(attempt: JobAttempt, hold: Hold, amount: int) -> str:
+    """Extend by `amount` in a savepoint; returns "" or the refusal's detail. Caller holds the
+    attempt's hold lock (budgets, then buckets, are locked here)."""
     from budgets.services import record_extension
 
     # The run is on one type: credits restricted to it may fund the extension (the hold is then
@@ -179,7 +180,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     if amount <= 0:
         # The hold already covers the whole max wall time; the agent enforces that limit.
         return ChargeResult(captured=captured, actions=tuple(actions))
-    refusal = _try_extend(attempt, job, hold, amount)
+    refusal = try_extend(attempt, hold, amount)
     # A whole window is more than the org can fund: the least that keeps the look-ahead covered,
     # so the job runs on until its credits (or budget) are all but spent; or, when less, what
     # makes the hold pay for the whole run (QA: an org funded with exactly its job's estimate had
@@ -187,7 +188,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     to_whole_run = run_cost(attempt, job) - pays_for(hold)
     least = min(x for x in (lookahead - hold.remaining, to_whole_run, amount) if x > 0)
     if refusal and least < amount:
-        refusal, amount = _try_extend(attempt, job, hold, least), least
+        refusal, amount = try_extend(attempt, hold, least), least
     if not refusal:
         actions.append(Action.EXTENDED)
         return ChargeResult(captured=captured, extended=amount, actions=tuple(actions))

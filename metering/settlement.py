@@ -20,7 +20,7 @@ from ledger.retry import retry_on_conflict
 from ledger.services import settle_hold
 from metering.cost import MS_PER_HOUR, cost
 from metering.models import AttemptUsage
-from scheduling.models import JobAttempt
+from scheduling.models import Job, JobAttempt
 
 
 def lock_usage(attempt: JobAttempt) -> AttemptUsage | None:
@@ -49,6 +49,21 @@ def _budgets_for_settlement(hold: Hold, capture_total: int) -> tuple[int, int]:
     return to_capture, to_release
 
 
+def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
+    """Extend the hold by what the run used beyond it, when its org can pay (funds and budgets, as
+    a charge tick's extension; all or nothing): the most an attempt can bill is its max wall time
+    plus the longest stop grace (`charging.max_cost`), and a run that ends between two charge ticks
+    was never extended for the overrun (QA: a 10 s job that ignored SIGTERM ran 41 s and paid for
+    10, while one whose run spanned a tick paid for all of it). Returns the amount extended."""
+    from metering.charging import max_cost, pays_for, try_extend
+
+    job = Job.objects.only("max_wall_seconds").get(pk=attempt.job_id)
+    shortfall = min(due, max_cost(attempt, job)) - pays_for(hold)
+    if shortfall <= 0 or try_extend(attempt, hold, shortfall):
+        return 0
+    return shortfall
+
+
 @retry_on_conflict()
 @transaction.atomic
 def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
@@ -65,6 +80,9 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
     billable = usage.billable_gpu_ms if usage is not None else 0
     rate = attempt.rate_per_gpu_hour
     due = cost(billable, rate)
+    extended = _fund_overrun(attempt, hold, due)
+    if extended:
+        hold = lock_hold(hold.pk)
     # Never beyond the hold (no overspend); what the hold cannot cover is recorded, not charged.
     capture_total = min(due, hold.captured + hold.remaining)
     before_captured, authorized = hold.captured, hold.authorized
@@ -101,6 +119,7 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
             "captured_before": before_captured,
             "captured_now": to_capture,
             "released": to_release,
+            "extended_at_settlement": extended,
             "unfunded": due - capture_total,
         },
     )

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from django.test import Client
 from django.utils import timezone
 
 from ledger.models import MICRO, Bucket, HoldState
+from ledger.verification import verify_ledger
 from metering.heartbeats import HeartbeatItem
 from metering.models import AttemptUsage
 from metering.services import ingest_heartbeats, settle_attempt
@@ -36,14 +38,58 @@ def test_settle_captures_usage_cost_and_releases_rest_once(
     assert Bucket.objects.get(pk=bucket.pk).spent == 6 * MICRO
 
 
-def test_usage_beyond_the_hold_is_never_captured(
+def _settled_event(a: JobAttempt) -> Any:
+    from audit.models import AuditEvent
+
+    return AuditEvent.objects.get(action="metering.attempt_settled", subject_id=a.pk)
+
+
+def test_usage_beyond_the_hold_is_never_captured_when_the_org_cannot_pay(
     world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
 ) -> None:
-    funded(100 * MICRO)
+    funded(1 * MICRO)  # all of it on the hold
     a = make_attempt(hold_amount=1 * MICRO)
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
     hold = settle_attempt(attempt=a, outcome="completed")
     assert (hold.captured, hold.released) == (1 * MICRO, 0)
+    data = _settled_event(a).data
+    assert (data["extended_at_settlement"], data["unfunded"]) == (0, 4 * MICRO)
+    assert verify_ledger() == []
+
+
+def test_usage_beyond_the_hold_is_paid_at_settlement_when_the_org_can(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """QA: a run that overran its hold (a short job that ignored SIGTERM for its grace) and ended
+    between two charge ticks was billed only what its hold covered, though its org could pay; one
+    whose run spanned a tick was extended and paid in full."""
+    bucket = funded(100 * MICRO)
+    a = make_attempt(hold_amount=1 * MICRO)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
+    hold = settle_attempt(attempt=a, outcome="completed")
+    assert (hold.captured, hold.released, hold.authorized) == (5 * MICRO, 0, 5 * MICRO)
+    data = _settled_event(a).data
+    assert (data["extended_at_settlement"], data["unfunded"]) == (4 * MICRO, 0)
+    assert Bucket.objects.get(pk=bucket.pk).spent == 5 * MICRO
+    assert verify_ledger() == []
+
+
+def test_the_overrun_paid_at_settlement_stops_at_the_most_a_run_can_bill(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """Never beyond `max_cost` (max wall + the longest stop grace, the metering tolerance): usage
+    past it is not the run's to pay, whatever the funds."""
+    from metering.charging import max_cost
+    from scheduling.models import Job
+
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=10_000, max_wall_seconds=1)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
+    ceiling = max_cost(a, Job.objects.get(pk=a.job_id))
+    assert 10_000 < ceiling < 5_000_000
+    hold = settle_attempt(attempt=a, outcome="timed_out")
+    assert hold.captured == ceiling
+    assert _settled_event(a).data["unfunded"] == 5_000_000 - ceiling
 
 
 def test_reconciliation_flags_a_capture_that_disagrees_with_usage(
@@ -90,11 +136,37 @@ def test_reconciliation_counts_what_was_released_before_settlement(
     release_partial(hold=a.hold, amount=4 * MICRO, key="placed-cheaper")
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 8_000_000)])  # costs 8 credits
     hold = settle_attempt(attempt=a, outcome="completed")
-    assert (hold.captured, hold.released) == (6 * MICRO, 4 * MICRO)  # capped at what it held
+    # What it held, then the overrun its org could pay at settlement: all it may bill (8 credits
+    # claimed, capped by the server's clock at 1 h x 2 GPUs + 1 % + the 5 s slack per GPU).
+    billable = AttemptUsage.objects.get(pk=a.pk).billable_gpu_ms
+    assert billable == 3600 * 2 * 1010 + 2 * 5000
+    assert (hold.captured, hold.released) == (billable, 4 * MICRO)  # 1 micro-credit per GPU-ms
     JobAttempt.objects.filter(pk=a.pk).update(state=AttemptState.ENDED, ended_at=timezone.now())
     assert reconcile().clean
     # Captured less than the hold held at settlement: still flagged.
     from ledger.models import Hold
 
-    Hold.objects.filter(pk=hold.pk).update(captured=5 * MICRO, released=5 * MICRO)
+    Hold.objects.filter(pk=hold.pk).update(captured=billable - MICRO, released=5 * MICRO)
     assert reconcile().counts()["captured_mismatch"] == 1
+
+
+@pytest.mark.parametrize(("limit", "paid"), [(2 * MICRO, 1 * MICRO), (10 * MICRO, 5 * MICRO)])
+def test_a_hard_budget_that_cannot_take_the_overrun_leaves_it_unfunded(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt], limit: int, paid: int,
+) -> None:
+    """The overrun is an extension like a charge tick's: a hard budget it would pass refuses it
+    (the run is settled within its hold, the rest recorded as unfunded); the budget counts what
+    was captured."""
+    from budgets.models import BudgetPeriod
+    from budgets.services import set_budget
+
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=1 * MICRO)
+    set_budget(org=world.org, period="month", limit=limit, enforcement="hard")  # counts the hold
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
+    hold = settle_attempt(attempt=a, outcome="completed")
+    assert hold.captured == paid
+    assert _settled_event(a).data["unfunded"] == 5 * MICRO - paid
+    period = BudgetPeriod.objects.get(budget__org=world.org)
+    assert (period.spent, period.held) == (paid, 0)
+    assert verify_ledger() == []
