@@ -256,14 +256,14 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
     live = list(JobAttempt.objects.filter(state__in=LIVE).values_list(
         "id", "job_id", "org_id", "job__project_id", "job__user_id", "job__priority_class__name",
         "job__preemptible", "gpu_type__name", "started_at", "scheduled_at", "job__max_wall_seconds",
-        "stop_requested_at", "job__submitted_at", "job__attempt_count", "job__aging_from",
-        "job__dependency",
+        "stop_requested_at", "grace_seconds", "job__submitted_at", "job__attempt_count",
+        "job__aging_from", "job__dependency",
     ).order_by("id"))
     before = earlier_attempts(row[1] for row in live if row[-3] > 1)
     eligible_at = dependencies.last_ended(row[1] for row in live if row[-1])
     for row in live:
         (attempt_id, job_id, org_id, project_id, user_id, klass, preemptible, type_name,
-         started, scheduled, wall, stop_at, submitted, _attempts, aging_from, _dependency) = row
+         started, scheduled, wall, stop_at, grace, submitted, _attempts, aging_from, _dependency) = row
         eligible = max((t for t in (eligible_at.get(job_id), aging_from) if t), default=None)
         orgs[attempt_id] = org_id
         earlier = before.get(job_id, _NONE_BEFORE)
@@ -283,6 +283,8 @@ def load_fleet(now: datetime) -> tuple[tuple[core.Node, ...], tuple[core.Running
                 started_at=epoch(started or scheduled),
                 max_wall_seconds=float(wall),
                 preemption_requested_at=epoch(stop_at) if stop_at else None,
+                # the grace its stop gave it (a cancellation's 30 s, a preemption's 120 s, ...)
+                stop_grace_seconds=float(grace) if stop_at and grace is not None else None,
                 # The core's victim rule compares queue positions, i.e. submission times (or,
                 # for a job with dependencies, when the last one ended, as in the queue).
                 submitted_at=epoch(max(submitted, eligible) if eligible else submitted),

@@ -27,11 +27,8 @@ Release = tuple[float, int, tuple[int, ...]]
 
 def release_time(job: RunningJob, now: float, grace_seconds: float) -> float:
     """When a running job's GPUs are free at the latest: its wall limit, or the end of its grace."""
-    end = job.started_at + job.max_wall_seconds
-    if job.preemption_requested_at is not None:
-        end = min(end, job.preemption_requested_at + grace_seconds)
     # An attempt past its limit is being killed right now; count it as freeing now.
-    return max(now, end)
+    return max(now, job.ends_by(grace_seconds))
 
 
 def releases_by_type(

@@ -141,11 +141,23 @@ class RunningJob:
     (empty: `max_wall_seconds` on every type). The victim rule orders a victim as the queue would."""
     gpu_memory_gb: int = 0
     max_wall_by_type: tuple[tuple[str, float], ...] = ()
+    stop_grace_seconds: float | None = None
+    """The grace its stop gave it (signal, then kill) once signalled: a cancellation's, a time-out's
+    or an out-of-credit stop's may differ from a preemption's. None: `Config.grace_seconds`."""
     gpu_count: int = field(init=False, repr=False, compare=False)
     """Derived from `allocations` once: it is read in every pass for every running job."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_count", sum(len(idx) for _, idx in self.allocations))
+
+    def ends_by(self, grace_seconds: float) -> float:
+        """When it frees its GPUs at the latest (possibly past): its max wall time or, once
+        signalled, the end of its stop's grace (`stop_grace_seconds`, else `grace_seconds`)."""
+        end = self.started_at + self.max_wall_seconds
+        if self.preemption_requested_at is not None:
+            grace = grace_seconds if self.stop_grace_seconds is None else self.stop_grace_seconds
+            end = min(end, self.preemption_requested_at + grace)
+        return end
 
 
 @dataclass(frozen=True, slots=True)

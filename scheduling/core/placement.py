@@ -37,9 +37,7 @@ class FleetState:
             for node_id, idx in job.allocations:
                 busy[node_id].update(idx)
             if self.packing:
-                end = job.started_at + job.max_wall_seconds
-                if job.preemption_requested_at is not None:
-                    end = min(end, job.preemption_requested_at + grace_seconds)
+                end = job.ends_by(grace_seconds)
                 for node_id, _ in job.allocations:
                     if end > node_end.get(node_id, now):
                         node_end[node_id] = end

@@ -216,10 +216,7 @@ class QuotaBook:
     def exit_at(self, r: RunningJob) -> float:
         """When a running job is expected to free its GPUs: at its max wall, or at the end of its
         grace once signalled (now, if overdue)."""
-        end = r.started_at + r.max_wall_seconds
-        if r.preemption_requested_at is not None:
-            end = min(end, r.preemption_requested_at + self._grace)
-        return max(self.now, end)
+        return max(self.now, r.ends_by(self._grace))
 
     def detail(self, job: PendingJob, types: Sequence[str]) -> str:
         """Which quota binds on each type, e.g. "concurrent-GPU quota: H100 project 6 of 8 in use,

@@ -942,8 +942,9 @@ class _Pass:
         return False
 
     def _exit_by(self, v: RunningJob) -> float:
-        signalled = v.preemption_requested_at if v.preemption_requested_at is not None else self.now
-        return max(self.now, min(signalled + self.cfg.grace_seconds, v.started_at + v.max_wall_seconds))
+        if v.preemption_requested_at is not None:
+            return max(self.now, v.ends_by(self.cfg.grace_seconds))
+        return max(self.now, min(self.now + self.cfg.grace_seconds, v.started_at + v.max_wall_seconds))
 
     def _requeue_priority(self, job: RunningJob) -> float:
         """The priority a running job would have if preempted and queued again now."""

@@ -253,6 +253,22 @@ def test_preemption_requests_a_stop_with_grace(
     assert run_scheduling_pass(trigger="test").preempted == 0  # type: ignore[union-attr]
 
 
+def test_a_stopping_attempt_is_given_to_the_core_with_its_own_grace(
+    fleet: dict[str, Any], make_job: Callable[..., Job], make_attempt: Callable[..., JobAttempt],
+) -> None:
+    """A cancellation's grace (30 s), not the preemption grace the core assumes otherwise."""
+    from scheduling.adapter.snapshot import load_fleet
+    from scheduling.services.lifecycle import request_stop
+
+    victim, attempt, _urgent = _batch_running_and_production_queued(fleet, make_job, make_attempt, gpus=8)
+    _nodes, running, _orgs = load_fleet(timezone.now())
+    assert [(r.id, r.stop_grace_seconds) for r in running] == [(victim.pk, None)]
+    request_stop(attempt=attempt, reason="cancelled", grace_seconds=30)
+    _nodes, running, _orgs = load_fleet(timezone.now())
+    assert [(r.id, r.stop_grace_seconds) for r in running] == [(victim.pk, 30.0)]
+    assert running[0].preemption_requested_at is not None
+
+
 def test_a_job_at_its_quota_preempts_its_own_orgs_lower_class_job(
     fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
     make_attempt: Callable[..., JobAttempt],

@@ -231,3 +231,24 @@ def test_a_quota_preemption_counts_on_a_signalled_job_even_one_reaching_its_wall
     assert res.preemptions == []
     assert res.wait_reasons[1] == R.WAITING_FOR_PREEMPTION
     assert res.skips[0].detail == "on H100: waiting for job 50 to exit (own quota)"
+
+
+@pytest.mark.parametrize("stop_grace", [30.0, 600.0], ids=["cancel-shorter", "operator-longer"])
+def test_a_stop_with_its_own_grace_is_counted_on_until_that_grace_ends(stop_grace: float) -> None:
+    """A cancellation, a time-out or an out-of-credit stop gives the run its own grace (30 s by
+    default), not a preemption's: the EASY reservation, the preemption claim, end-time packing
+    and the quota count on its GPUs from signal + that grace (review: the preemption grace was
+    assumed for every stop, so a longer stop grace set by an operator promised GPUs too early).
+
+    Kills: `RunningJob.ends_by` ignoring `stop_grace_seconds`."""
+    start = SIGNALLED + stop_grace
+    run = [_signalled(50, ((1, (0, 1, 2, 3)),), cls="standard", stop_grace_seconds=stop_grace)]
+    res = schedule(snap([node(1)], [job(1, gpus=8, submitted=0)], run, now=NOW, policy="fifo_backfill"))
+    assert res.reservation == Reservation(1, "H100", start, ((1, tuple(range(8))),), "backfill")
+    victim = _signalled(stop_grace_seconds=stop_grace)
+    res = schedule(snap([node(1)], [job(1, gpus=8, cls="production")], [victim], now=NOW))
+    assert res.reservations == [Reservation(1, "H100", start, ((1, tuple(range(8))),), "preemption")]
+    res = schedule(snap([node(1), node(2)], [job(1, gpus=4, cls="batch", gpu_types=("H100",))],
+                        [_signalled(50, org_id=1, project_id=10, stop_grace_seconds=stop_grace)],
+                        quotas=Quotas(org={(1, "H100"): 8}), now=NOW))
+    assert res.reservations == [Reservation(1, "H100", start, (), "quota")]
