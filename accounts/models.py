@@ -1,7 +1,7 @@
 """Tenancy: regions, organizations (teams), projects, memberships, API keys, idempotency records."""
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from simple_history.models import HistoricalRecords
@@ -23,6 +23,15 @@ HOLD_WINDOW_MESSAGE = (
     f"A hold window must be at least {MIN_HOLD_WINDOW_SECONDS} seconds (one metering charge interval); "
     "leave it empty for holds that cover the whole max wall time."
 )
+# The bounds the API (accounts.api.serializers) and the model (admin, forms, the CHECKs) share.
+MAX_HOLD_WINDOW_SECONDS = 30 * 24 * 3600  # 2,592,000 s: 30 days
+HOLD_WINDOW_MAX_MESSAGE = f"A hold window must be at most {MAX_HOLD_WINDOW_SECONDS:,} seconds (30 days)."
+MIN_INFLIGHT_SUBMISSIONS = 1
+MAX_INFLIGHT_SUBMISSIONS = 10_000
+INFLIGHT_SUBMISSIONS_MESSAGE = (
+    f"Max in-flight submissions must be {MIN_INFLIGHT_SUBMISSIONS} to {MAX_INFLIGHT_SUBMISSIONS:,} "
+    "(0 would refuse every submission of the org with 429)."
+)
 
 
 class Organization(models.Model):
@@ -37,11 +46,19 @@ class Organization(models.Model):
     # no window (a hold covers the whole max wall time). At least one metering charge interval
     # (60 s): a shorter window was extended by less than a run uses between two charges, so the
     # hold fell behind and the usage past it went unfunded.
+    # At most 30 days, as the API allows.
     hold_window_seconds = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(MIN_HOLD_WINDOW_SECONDS, HOLD_WINDOW_MESSAGE)]
+        null=True, blank=True, validators=[
+            MinValueValidator(MIN_HOLD_WINDOW_SECONDS, HOLD_WINDOW_MESSAGE),
+            MaxValueValidator(MAX_HOLD_WINDOW_SECONDS, HOLD_WINDOW_MAX_MESSAGE),
+        ]
     )
-    # Cap on concurrent in-flight submissions (rate-limit protection for the reservation path).
-    max_inflight_submissions = models.PositiveIntegerField(default=16)
+    # Cap on concurrent in-flight submissions (rate-limit protection for the reservation path);
+    # 1 to 10,000, as the API allows (QA: 0 saved in the admin, then every POST /jobs was 429).
+    max_inflight_submissions = models.PositiveIntegerField(
+        default=16, validators=[MinValueValidator(MIN_INFLIGHT_SUBMISSIONS, INFLIGHT_SUBMISSIONS_MESSAGE),
+                                MaxValueValidator(MAX_INFLIGHT_SUBMISSIONS, INFLIGHT_SUBMISSIONS_MESSAGE)]
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     history = HistoricalRecords()
 
@@ -57,6 +74,18 @@ class Organization(models.Model):
                 | Q(hold_window_seconds__gte=MIN_HOLD_WINDOW_SECONDS),
                 name="org_hold_window_at_least_a_minute",
                 violation_error_message=HOLD_WINDOW_MESSAGE,
+            ),
+            models.CheckConstraint(
+                condition=Q(hold_window_seconds__isnull=True)
+                | Q(hold_window_seconds__lte=MAX_HOLD_WINDOW_SECONDS),
+                name="org_hold_window_at_most_30_days",
+                violation_error_message=HOLD_WINDOW_MAX_MESSAGE,
+            ),
+            models.CheckConstraint(
+                condition=Q(max_inflight_submissions__gte=MIN_INFLIGHT_SUBMISSIONS)
+                & Q(max_inflight_submissions__lte=MAX_INFLIGHT_SUBMISSIONS),
+                name="org_max_inflight_submissions_in_range",
+                violation_error_message=INFLIGHT_SUBMISSIONS_MESSAGE,
             ),
         ]
 

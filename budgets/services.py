@@ -212,10 +212,15 @@ def _charge(periods: list[BudgetPeriod], hold: Hold, amount: int) -> list[Budget
     return charges
 
 
-def _alert(hold: Hold, alerts: list[SoftAlert], action: str) -> None:
+def _alert(hold: Hold, alerts: list[SoftAlert], action: str, actor: Any = None) -> None:
+    """One `budget.soft_limit_exceeded` event per soft level crossed, by `actor`: the user whose
+    request placed the hold (a submission), or the system (None: a requeue in a scheduler pass, a
+    metering extension, a repricing top-up). QA: a user's submission recorded "System"."""
     for alert in alerts:
         record(action="budget.soft_limit_exceeded", subject_type="budget", subject_id=alert.budget_id,
                org_id=hold.org_id, amount=alert.requested, reason_code="soft_budget_exceeded",
+               actor_type="user" if actor is not None else "system",
+               actor_id=str(actor.pk) if actor is not None else "",
                data={"level": alert.level, "limit": alert.limit, "used": alert.used,
                      "hold": hold.pk, "on": action})
 
@@ -230,13 +235,15 @@ def reserve_budgets(
     amount: int,
     prechecked: tuple[list[BudgetPeriod], list[SoftAlert]] | None = None,
     fresh: bool = False,
+    actor: Any = None,
 ) -> list[BudgetCharge]:
     """Lock the applicable periods, check hard limits (soft: audit alert), count `amount` as held.
 
     `prechecked` is what `precheck_budgets` returned earlier in the same transaction (the rows
     are still locked), so they are not locked and checked twice. Idempotent per hold: a hold
     that already has charges is returned unchanged. `fresh`: the caller created the hold in
-    this transaction (it cannot have charges), so that lookup is skipped.
+    this transaction (it cannot have charges), so that lookup is skipped. `actor`: the user whose
+    request places the hold, recorded on soft-limit alerts (None: the system).
     """
     if not fresh:
         existing = list(BudgetCharge.objects.filter(hold=hold))
@@ -244,7 +251,7 @@ def reserve_budgets(
             return existing
     periods, alerts = prechecked or precheck_budgets(org=org, project=project, user=user, amount=amount)
     charges = _charge_fresh(periods, hold, amount) if fresh else _charge(periods, hold, amount)
-    _alert(hold, alerts, "reserve")
+    _alert(hold, alerts, "reserve", actor)
     return charges
 
 

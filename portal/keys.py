@@ -22,7 +22,6 @@ from config.api.errors import IdempotencyKeyInFlight, IdempotencyKeyReused
 from config.api.idempotency import run_once
 from config.form_keys import FormKeyField, new_form_key
 from config.text import has_control_characters
-from portal.access import dashboard_scope
 
 ENDED_SHOWN = 20  # revoked or expired keys listed under the usable ones, newest first
 LIFETIMES = [("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never expires")]
@@ -62,7 +61,6 @@ def _page(request: HttpRequest, form: NewKeyForm, *, new_key: str | None = None,
         key.state = key_state(key, now)
     return render(request, "portal/keys.html", {
         "form": form, "keys": keys, "new_key": new_key, "new_name": new_name, "made_name": made_name,
-        "can_see_dashboard": dashboard_scope(request.user) is not None,
     }, status=status)
 
 

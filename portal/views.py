@@ -1,7 +1,6 @@
 """Thin page views: resolve what the user may see, ask selectors, render."""
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
@@ -42,7 +41,6 @@ def home(request: HttpRequest) -> HttpResponse:
             "orgs": orgs,
             "jobs": jobs,
             "jobs_total": jobs_total,
-            "can_see_dashboard": dashboard_scope(request.user) is not None,
         },
     )
 
@@ -61,7 +59,6 @@ def org_detail(request: HttpRequest, slug: str) -> HttpResponse:
         {
             "org": org_balances(view, request.user),
             "quotas": org_quotas(view.org, projects),
-            "can_see_dashboard": dashboard_scope(request.user) is not None,
         },
     )
 
@@ -90,7 +87,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     """The live dashboard (finance/staff: every org; org owners/admins: their orgs)."""
     scope = dashboard_scope(request.user)
     if scope is None:
-        raise PermissionDenied("The dashboard is for finance staff and organization admins.")
+        # A portal page with the nav, saying who may see it (QA: a bare "403 Forbidden" page).
+        return render(request, "portal/dashboard_forbidden.html", status=403)
     snapshot = dashboard_snapshot.for_scope(dashboard_snapshot.build_snapshot(), scope)
     return render(
         request,
@@ -100,6 +98,5 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "ws_path": DASHBOARD_WS_PATH,
             "all_orgs": scope.all_orgs,
             "pull_seconds": pull_interval_seconds(),
-            "can_see_dashboard": True,
         },
     )

@@ -10,7 +10,10 @@ from rest_framework import serializers
 
 from accounts.models import (
     API_KEY_STATES,
+    MAX_HOLD_WINDOW_SECONDS,
+    MAX_INFLIGHT_SUBMISSIONS,
     MIN_HOLD_WINDOW_SECONDS,
+    MIN_INFLIGHT_SUBMISSIONS,
     PROJECT_ROLE_MESSAGE,
     ApiKey,
     Membership,
@@ -54,9 +57,11 @@ class OrganizationCreateSerializer(StrictSerializer):
                                   help_text="Region code of the org's wallet.")
     owner = StrictCharField(required=False, min_length=1, max_length=150,
                             help_text="Username made the org's owner.")
+    # The model's bounds (accounts.models), so the admin and the API refuse the same values.
     hold_window_seconds = StrictIntegerField(required=False, min_value=MIN_HOLD_WINDOW_SECONDS,
-                                             max_value=30 * 24 * 3600)
-    max_inflight_submissions = StrictIntegerField(required=False, min_value=1, max_value=10_000)
+                                             max_value=MAX_HOLD_WINDOW_SECONDS)
+    max_inflight_submissions = StrictIntegerField(required=False, min_value=MIN_INFLIGHT_SUBMISSIONS,
+                                                  max_value=MAX_INFLIGHT_SUBMISSIONS)
 
     # Looked up here, with the other fields' checks, so one answer names every bad field (QA: a bad
     # slug hid an unknown owner). Fields of the body, not the route's object: 400 naming them.

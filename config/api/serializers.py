@@ -1,5 +1,6 @@
 """Strict serializer building blocks: unknown fields and loose types are 400s, never coerced."""
 
+import re
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -83,6 +84,10 @@ class StrictDateTimeField(serializers.DateTimeField):
         return super().to_internal_value(value)
 
 
+# A date and time, then a space where an offset's sign would be, then HH:MM or HHMM (or HH).
+_PLUS_AS_SPACE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)? \d{2}(?::?\d{2})?$")
+
+
 class AwareDateTimeField(StrictDateTimeField):
     """An ISO 8601 instant with its UTC offset (`Z` or `+02:00`). A naive time would be read in
     the server's zone, which the caller cannot see: asking for a balance "as of 03:40" must say
@@ -90,10 +95,17 @@ class AwareDateTimeField(StrictDateTimeField):
 
     default_error_messages = {
         "naive": "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or +01:00.",
+        "plus_as_space": "The + of the UTC offset arrived as a space: in a query string an unencoded + "
+                         "means a space. Send it as %2B (e.g. 2026-11-22T03:40:00%2B01:00), or give the "
+                         "time in UTC with Z.",
     }
 
     def to_internal_value(self, value: Any) -> Any:
         if isinstance(value, str):
+            # A query parameter's "+02:00" the client did not URL-encode arrives as " 02:00" (QA: the
+            # generic error listed "+HH:MM" among the formats, which the client had sent).
+            if isinstance(self.root, StrictQuerySerializer) and _PLUS_AS_SPACE.match(value):
+                self.fail("plus_as_space")
             try:
                 parsed = parse_datetime(value)
             except ValueError:

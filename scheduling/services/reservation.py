@@ -2,6 +2,7 @@
 
 import json
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -137,7 +138,7 @@ def price_job_hold(
 
 def place_job_hold(
     *, job: Job, key: str, types: list[str], amount: int, now: datetime, fresh: bool = False,
-    audit_as: CallerEvent | None = None,
+    audit_as: CallerEvent | None = None, actor: Any = None,
 ) -> Hold:
     """Lock and check every budget level, hold the funds, count the hold in the budgets.
 
@@ -148,7 +149,8 @@ def place_job_hold(
     the caller holds the job; budget periods (org, project, member) are locked here before
     `place_hold` locks buckets. Raises BudgetExceeded, BudgetBeingSet or InsufficientCredits.
     `audit_as`: the placement's audit event is the caller's (see `ledger.place_hold`). `types`
-    come from the catalog (`eligible_types`): already checked.
+    come from the catalog (`eligible_types`): already checked. `actor`: the user whose request
+    places the hold (a submission), recorded on soft-budget alerts; None (a requeue): the system.
     """
     prechecked = precheck_budgets(org=job.org, project=job.project, user=job.user, amount=amount, now=now,
                                   wait=fresh)
@@ -158,7 +160,7 @@ def place_job_hold(
         gpu_types_checked=True, savepoint=not fresh,
     )
     reserve_budgets(hold=hold, org=job.org, project=job.project, user=job.user, amount=amount,
-                    prechecked=prechecked, fresh=fresh)
+                    prechecked=prechecked, fresh=fresh, actor=actor)
     return hold
 
 

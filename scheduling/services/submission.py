@@ -224,7 +224,8 @@ def _place_submission_hold(
         try:
             with transaction.atomic() if retry else nullcontext():
                 return place_job_hold(job=job, key=f"job:{job.pk}:submit", types=hold_types,
-                                      amount=quote.amount, now=now, fresh=True, audit_as=event)
+                                      amount=quote.amount, now=now, fresh=True, audit_as=event,
+                                      actor=job.user)
         except InsufficientCredits as short:
             if hold_types == types:
                 refusal = short

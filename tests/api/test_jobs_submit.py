@@ -350,6 +350,24 @@ def test_soft_budget_accepts_and_alerts(api: APIClient, job_body: Callable, tena
     alert = AuditEvent.objects.get(action="budget.soft_limit_exceeded")
     assert alert.data["level"] == "org" and alert.org_id == tenant.org.pk
     assert BudgetPeriod.objects.get().held == 2 * H100_PRICE
+    # By the user whose API key submitted, as the submission's own event (QA: "System", no id).
+    submit = AuditEvent.objects.get(action="sched.job.submit")
+    assert (alert.actor_type, alert.actor_id) == ("user", str(tenant.user.pk))
+    assert (submit.actor_type, submit.actor_id) == (alert.actor_type, alert.actor_id)
+
+
+def test_a_requeue_past_a_soft_budget_alerts_as_the_system(api: APIClient, job_body: Callable,
+                                                             tenant: Tenant) -> None:
+    """A requeue's hold is placed by a scheduler pass, not by the job's user: its alert stays the system's."""
+    from scheduling.services.reservation import reserve_job_hold
+
+    job = Job.objects.get(pk=post(api, job_body()).json()["id"])
+    client_for(tenant.admin).put(f"/api/v1/orgs/{tenant.org.pk}/budget",
+                                 {"period": "month", "limit": 1, "enforcement": "soft"},
+                                 format="json", HTTP_IDEMPOTENCY_KEY="b1")
+    reserve_job_hold(job=job, key=f"job:{job.pk}:requeue:1")
+    alert = AuditEvent.objects.get(action="budget.soft_limit_exceeded")
+    assert (alert.actor_type, alert.actor_id) == ("system", "")
 
 
 def test_body_size_is_capped(api: APIClient) -> None:

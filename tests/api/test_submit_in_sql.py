@@ -200,6 +200,7 @@ def test_a_soft_budget_crossing_takes_the_python_path_and_alerts(fleet: dict[str
     assert response.status_code == 201 and _in_sql(statements) and _python_path(statements)
     alert = AuditEvent.objects.get(org_id=tenant.org.pk, action="budget.soft_limit_exceeded")
     assert alert.data["level"] == "project" and alert.data["hold"] == response.json()["hold"]["id"]
+    assert (alert.actor_type, alert.actor_id) == ("user", str(tenant.user.pk))  # QA: was "System"
 
 
 def test_a_price_change_after_pricing_takes_the_python_path(fleet: dict[str, GpuType], tenant: Tenant,
