@@ -56,7 +56,8 @@ def _window_ms(attempt: JobAttempt, seconds: float) -> int:
 
 def lookahead_cost(attempt: JobAttempt) -> int:
     """Cost of what the attempt may use before the next run can react: two charge intervals, one
-    heartbeat interval and an out-of-credit grace (the stop is graceful, so it still runs then)."""
+    heartbeat interval and the longest grace any stop gives a run (`conf.longest_stop_grace`: the
+    stop is graceful, so it still runs then)."""
     return cost(_window_ms(attempt, conf.lookahead_seconds()), attempt.rate_per_gpu_hour)
 
 
