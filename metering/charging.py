@@ -150,6 +150,35 @@ def try_extend(attempt: JobAttempt, hold: Hold, amount: int) -> str:
     return ""
 
 
+def _low_water(attempt: JobAttempt, hold: Hold) -> int:
+    """Below this much left on the hold, it is extended: the look-ahead, or 10 % of what it pays for."""
+    percent = conf.seconds("METERING_EXTEND_WHEN_LEFT_PERCENT")
+    return max(lookahead_cost(attempt), -(-pays_for(hold) * percent // 100))
+
+
+def _may_extend(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> bool:
+    """Whether this charge will try an extension: what the hold has left after the capture it is
+    about to make is below the low-water mark (a capture moves money from `remaining` to
+    `captured`; what the hold pays for stays)."""
+    due = cost(usage.billable_gpu_ms, attempt.rate_per_gpu_hour)
+    left = hold.remaining - max(0, min(due - hold.captured, hold.remaining))
+    return left < _low_water(attempt, hold)
+
+
+def lock_ahead_for_extension(hold: Hold) -> None:
+    """Before a capture or settlement that an extension of the (locked) hold follows or precedes,
+    lock at once, in lock order, what both will touch: the budget periods the hold counts in and
+    the current ones of its scope, then every unexpired bucket of its org and its own lines'
+    buckets, by id. Otherwise the capture locks its periods, buckets and the org's audit head, and
+    the extension then the current periods (a new month's) and the org's buckets: a period after
+    buckets, a lower bucket after a higher (review: deadlocks with a submission or a settlement)."""
+    from budgets.services import lock_periods_ahead
+    from ledger.locks import lock_buckets_ahead
+
+    lock_periods_ahead(extending=[hold], releasing=[hold])
+    lock_buckets_ahead(extending_orgs=[hold.org_id], releasing=[hold.pk])
+
+
 @retry_on_conflict()
 @transaction.atomic
 def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
@@ -166,6 +195,8 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     if hold.state != HoldState.ACTIVE or usage is None:
         return ChargeResult()
     actions: list[Action] = []
+    if attempt.state == AttemptState.RUNNING and _may_extend(attempt, hold, usage):
+        lock_ahead_for_extension(hold)
     captured = _capture_progress(attempt, hold, usage)
     if captured:
         actions.append(Action.CAPTURED)
@@ -173,9 +204,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
         return ChargeResult(captured=captured, actions=tuple(actions))
     hold.refresh_from_db()
     lookahead = lookahead_cost(attempt)
-    percent = conf.seconds("METERING_EXTEND_WHEN_LEFT_PERCENT")
-    low_water = max(lookahead, -(-pays_for(hold) * percent // 100))
-    if hold.remaining >= low_water:
+    if hold.remaining >= _low_water(attempt, hold):
         return ChargeResult(captured=captured, actions=tuple(actions))
     amount = extension_amount(attempt, job, hold, lookahead)
     if amount <= 0:

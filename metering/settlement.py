@@ -55,11 +55,17 @@ def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
     plus the longest stop grace (`charging.max_cost`), and a run that ends between two charge ticks
     was never extended for the overrun (QA: a 10 s job that ignored SIGTERM ran 41 s and paid for
     10, while one whose run spanned a tick paid for all of it). Returns the amount extended."""
-    from metering.charging import max_cost, pays_for, try_extend
+    from metering.charging import lock_ahead_for_extension, max_cost, pays_for, try_extend
 
     job = Job.objects.only("max_wall_seconds").get(pk=attempt.job_id)
     shortfall = min(due, max_cost(attempt, job)) - pays_for(hold)
-    if shortfall <= 0 or try_extend(attempt, hold, shortfall):
+    if shortfall <= 0:
+        return 0
+    # The extension and the settlement after it: periods and buckets at once, in lock order (review:
+    # a period after buckets across a month's end, a lower bucket after a higher, an alert's audit
+    # head before buckets: deadlocks).
+    lock_ahead_for_extension(hold)
+    if try_extend(attempt, hold, shortfall):
         return 0
     return shortfall
 

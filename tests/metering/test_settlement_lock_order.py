@@ -1,4 +1,5 @@
-"""Review of 94e0710 (settlement extends the hold by the run's overrun, `settlement._fund_overrun`).
+"""Review of 94e0710 (settlement extends the hold by the run's overrun, `settlement._fund_overrun`):
+the locks it took out of order, now taken ahead (`charging.lock_ahead_for_extension`).
 
 The extension runs *before* the settlement's budget moves: hold -> usage -> `record_extension`
 (the CURRENT budget periods) -> `extend_hold` (the org's eligible buckets, then the audit chain
