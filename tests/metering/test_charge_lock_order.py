@@ -7,14 +7,12 @@ then buckets) deadlocked with it."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import transaction
 
-from audit.models import AuditChainHead
 from ledger.models import MICRO
 from metering.charging import Action, charge_progress
 from metering.heartbeats import HeartbeatItem
@@ -22,7 +20,7 @@ from metering.services import ingest_heartbeats
 from scheduling.models import JobAttempt
 from tests.metering.conftest import World
 from tests.metering.test_requeue_lock_order import _wait_for
-from tests.metering.test_settlement_lock_order import _roll_the_month_over
+from tests.metering.test_settlement_lock_order import _roll_the_month_over, hold_the_org_audit_head
 from tests.threads import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,15 +38,6 @@ def test_a_charge_that_extends_after_a_month_boundary_does_not_deadlock_with_a_s
     _roll_the_month_over(world.org.pk)
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(extending.pk, 1, 8_000)])
 
-    chain = f"org:{world.org.pk}"
-    AuditChainHead.objects.get_or_create(chain=chain, defaults={"seq": 0, "hash": "0" * 64})
-    locked, release = threading.Event(), threading.Event()
-
-    def any_audit_writer_of_the_org() -> None:
-        with transaction.atomic():
-            AuditChainHead.objects.select_for_update().get(chain=chain)
-            locked.set()
-            release.wait(30)
 
     def charge() -> Any:
         with transaction.atomic():  # no retry: show the conflict
@@ -58,8 +47,7 @@ def test_a_charge_that_extends_after_a_month_boundary_does_not_deadlock_with_a_s
         with transaction.atomic():  # no retry either
             return submit(gpus=1, max_wall_seconds=600)
 
-    blocker = Worker(any_audit_writer_of_the_org).start()
-    assert locked.wait(10)
+    blocker, release = hold_the_org_audit_head(world.org.pk)
     first = Worker(charge).start()  # captures: last month's period, the bucket; waits for the head
     assert _wait_for(1)
     second = Worker(submission).start()  # this month's period, then waits for the bucket

@@ -37,6 +37,24 @@ from tests.threads import Worker
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def hold_the_org_audit_head(org_id: int) -> tuple[Worker, threading.Event]:
+    """A writer of the org's audit chain that holds its head until the event is set (started, and
+    holding it, on return)."""
+    chain = f"org:{org_id}"
+    AuditChainHead.objects.get_or_create(chain=chain, defaults={"seq": 0, "hash": "0" * 64})
+    locked, release = threading.Event(), threading.Event()
+
+    def any_audit_writer_of_the_org() -> None:
+        with transaction.atomic():
+            AuditChainHead.objects.select_for_update().get(chain=chain)
+            locked.set()
+            release.wait(30)
+
+    blocker = Worker(any_audit_writer_of_the_org).start()
+    assert locked.wait(10)
+    return blocker, release
+
+
 def _roll_the_month_over(org_id: int) -> None:
     """What the database looks like on the 1st: the org's periods (and the holds' charges in them)
     are last month's; the current month has no period row yet (the first writer creates it)."""
@@ -60,15 +78,6 @@ def test_a_permanent_end_with_an_overrun_after_a_month_boundary_does_not_deadloc
                                               HeartbeatItem(other.pk, 1, 500_000)])  # within its hold
     JobAttempt.objects.filter(pk__in=[overran.pk, other.pk]).update(state=AttemptState.ENDED)
 
-    chain = f"org:{world.org.pk}"
-    AuditChainHead.objects.get_or_create(chain=chain, defaults={"seq": 0, "hash": "0" * 64})
-    locked, release = threading.Event(), threading.Event()
-
-    def any_audit_writer_of_the_org() -> None:  # briefly holds the org's chain head
-        with transaction.atomic():
-            AuditChainHead.objects.select_for_update().get(chain=chain)
-            locked.set()
-            release.wait(30)
 
     def settle(a: JobAttempt) -> Callable[[], Any]:
         def work() -> Any:
@@ -76,8 +85,7 @@ def test_a_permanent_end_with_an_overrun_after_a_month_boundary_does_not_deadloc
                 return settle_attempt(attempt=a, outcome="completed")
         return work
 
-    blocker = Worker(any_audit_writer_of_the_org).start()
-    assert locked.wait(10)
+    blocker, release = hold_the_org_audit_head(world.org.pk)
     first = Worker(settle(overran)).start()  # extends: new period, the buckets; waits for the head
     assert _wait_for(1)
     second = Worker(settle(other)).start()  # last month's period, then waits for the bucket
@@ -109,15 +117,6 @@ def test_a_soft_budget_alert_of_the_overrun_does_not_lock_the_audit_head_before_
     ingest_heartbeats(node=world.node, items=[HeartbeatItem(overran.pk, 1, 5_000_000)])  # 5 credits
     JobAttempt.objects.filter(pk=overran.pk).update(state=AttemptState.ENDED)
 
-    chain = f"org:{world.org.pk}"
-    AuditChainHead.objects.get_or_create(chain=chain, defaults={"seq": 0, "hash": "0" * 64})
-    locked, release = threading.Event(), threading.Event()
-
-    def any_audit_writer_of_the_org() -> None:
-        with transaction.atomic():
-            AuditChainHead.objects.select_for_update().get(chain=chain)
-            locked.set()
-            release.wait(30)
 
     def settle() -> Any:
         with transaction.atomic():  # no retry: show the conflict
@@ -127,8 +126,7 @@ def test_a_soft_budget_alert_of_the_overrun_does_not_lock_the_audit_head_before_
         with transaction.atomic():
             return place_hold(org=world.org, amount=1 * MICRO, key="org-wide", reference="racer")
 
-    blocker = Worker(any_audit_writer_of_the_org).start()
-    assert locked.wait(10)
+    blocker, release = hold_the_org_audit_head(world.org.pk)
     first = Worker(settle).start()  # the project's period, then the soft alert waits for the head
     assert _wait_for(1)
     second = Worker(org_hold).start()  # locks the org's bucket, then waits for the head
@@ -160,15 +158,6 @@ def test_an_overrun_funded_from_a_higher_bucket_does_not_lock_the_holds_own_lowe
     ending = [other] if path == "finish_attempt" else [overran, other]
     JobAttempt.objects.filter(pk__in=[a.pk for a in ending]).update(state=AttemptState.ENDED)
 
-    chain = f"org:{world.org.pk}"
-    AuditChainHead.objects.get_or_create(chain=chain, defaults={"seq": 0, "hash": "0" * 64})
-    locked, release = threading.Event(), threading.Event()
-
-    def any_audit_writer_of_the_org() -> None:
-        with transaction.atomic():
-            AuditChainHead.objects.select_for_update().get(chain=chain)
-            locked.set()
-            release.wait(30)
 
     def settle(a: JobAttempt) -> Callable[[], Any]:
         def work() -> Any:
@@ -180,8 +169,7 @@ def test_an_overrun_funded_from_a_higher_bucket_does_not_lock_the_holds_own_lowe
                 return settle_attempt(attempt=a, outcome="completed")
         return work
 
-    blocker = Worker(any_audit_writer_of_the_org).start()
-    assert locked.wait(10)
+    blocker, release = hold_the_org_audit_head(world.org.pk)
     if path == "stranded-sweep":
         from metering.sweeps import _settle_stranded
         from scheduling.models import Job, JobState
