@@ -110,3 +110,51 @@ def test_a_view_only_user_cannot_revoke_keys_in_the_admin(client: Client) -> Non
     client.post(changelist, {"action": "revoke_keys", "_selected_action": [key.pk]})
     key.refresh_from_db()
     assert key.revoked_at is not None
+
+
+def _key_maker(client: Client, *groups: str) -> Any:
+    """Staff who may add API keys in the admin, and nothing more (but the groups named)."""
+    from django.contrib.auth.models import Group, Permission
+
+    maker = UserFactory(is_staff=True)
+    maker.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="accounts", codename__in=("add_apikey", "view_apikey")))
+    for name in groups:
+        maker.groups.add(Group.objects.get_or_create(name=name)[0])
+    client.force_login(maker)
+    return maker
+
+
+@pytest.mark.parametrize("owner_kind", ["superuser", "finance"])
+def test_staff_cannot_make_a_key_with_rights_they_do_not_hold(client: Client, owner_kind: str) -> None:
+    """Review: staff with `add_apikey` alone made a key for a superuser and then acted, through
+    the API, as finance over every organization. A key acts with its owner's rights."""
+    from django.contrib.auth.models import Group
+
+    owner = UserFactory(is_staff=owner_kind == "superuser", is_superuser=owner_kind == "superuser")
+    if owner_kind == "finance":
+        owner.groups.add(Group.objects.get_or_create(name="finance")[0])
+    _key_maker(client)
+    response = client.post(reverse(ADD), {"user": owner.pk, "name": "escalate"})
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["user"]
+    assert errors and "acts with" in errors[0]
+    assert not ApiKey.objects.filter(user=owner).exists()
+    plain = UserFactory()
+    assert client.post(reverse(ADD), {"user": plain.pk, "name": "ci"}).status_code == 302
+    assert ApiKey.objects.filter(user=plain).count() == 1
+
+
+def test_finance_staff_may_make_a_finance_users_key_and_a_superuser_anyones(
+    client: Client, operator: Any,
+) -> None:
+    from django.contrib.auth.models import Group
+
+    accountant = UserFactory()
+    accountant.groups.add(Group.objects.get_or_create(name="finance")[0])
+    _key_maker(client, "finance")
+    assert client.post(reverse(ADD), {"user": accountant.pk, "name": "books"}).status_code == 302
+    refused = client.post(reverse(ADD), {"user": operator.pk, "name": "root"})
+    assert refused.status_code == 200 and not ApiKey.objects.filter(user=operator).exists()
+    client.force_login(operator)
+    assert client.post(reverse(ADD), {"user": operator.pk, "name": "root"}).status_code == 302
