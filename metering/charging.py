@@ -156,10 +156,14 @@ def _low_water(attempt: JobAttempt, hold: Hold) -> int:
     return max(lookahead_cost(attempt), -(-pays_for(hold) * percent // 100))
 
 
-def _may_extend(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> bool:
-    """Whether this charge will try an extension: what the hold has left after the capture it is
-    about to make is below the low-water mark (a capture moves money from `remaining` to
-    `captured`; what the hold pays for stays)."""
+def _may_extend(attempt: JobAttempt, job: Job, hold: Hold, usage: AttemptUsage) -> bool:
+    """Whether this charge will try an extension: the hold does not pay for the most the run can
+    bill yet (`extension_amount` is then positive; review: without this, every charge in the last
+    tenth of a long run locked the org's buckets to extend nothing), and what it has left after the
+    capture it is about to make is below the low-water mark (a capture moves money from
+    `remaining` to `captured`; what the hold pays for stays)."""
+    if pays_for(hold) >= max_cost(attempt, job):
+        return False
     due = cost(usage.billable_gpu_ms, attempt.rate_per_gpu_hour)
     left = hold.remaining - max(0, min(due - hold.captured, hold.remaining))
     return left < _low_water(attempt, hold)
@@ -195,7 +199,7 @@ def charge_progress(*, attempt: JobAttempt) -> ChargeResult:
     if hold.state != HoldState.ACTIVE or usage is None:
         return ChargeResult()
     actions: list[Action] = []
-    if attempt.state == AttemptState.RUNNING and _may_extend(attempt, hold, usage):
+    if attempt.state == AttemptState.RUNNING and _may_extend(attempt, job, hold, usage):
         lock_ahead_for_extension(hold)
     captured = _capture_progress(attempt, hold, usage)
     if captured:

@@ -53,7 +53,8 @@ def test_a_charge_that_cannot_extend_does_not_lock_the_orgs_other_buckets(
     gpus = (0, 1)
     # A hold that already pays for the most the attempt can ever bill (max_cost): no extension
     # can ever be made for it (`extension_amount` is 0), whatever is left.
-    ceiling = max_cost(JobAttempt(gpu_count=len(gpus), rate_per_gpu_hour=H100_RATE), Job(max_wall_seconds=wall))
+    running = JobAttempt(gpu_count=len(gpus), rate_per_gpu_hour=H100_RATE)
+    ceiling = max_cost(running, Job(max_wall_seconds=wall))
     attempt = make_attempt(hold_amount=ceiling, gpus=gpus, max_wall_seconds=wall, started_ago=wall)
     # 92 % used: what is left (8 %) is under the 10 % low-water mark, and above the look-ahead
     # for the long job.
