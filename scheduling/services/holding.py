@@ -73,7 +73,7 @@ def release_job(*, job: Job, actor: Any = None, operator: bool = False) -> Job:
         raise HeldByOperator(f"Job {job.pk} was held by an operator; only an operator can release it.",
                              job_id=job.pk)
     now = db_now()
-    if job.current_hold_id is None and not fund_job(job=job):
+    if job.current_hold_id is None and not fund_job(job=job, actor=actor):
         # Waiting for funds, not a retry backoff (QA: it said `backoff` until the next funding try).
         wait = (job.wait_reason, job.wait_detail)
     else:

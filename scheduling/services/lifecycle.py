@@ -492,14 +492,15 @@ def funding_retry_at(now: datetime) -> datetime:
     return now + timedelta(seconds=_setting("SCHEDULER_FUNDING_RETRY_SECONDS", 60))
 
 
-def fund_job(*, job: Job) -> bool:
-    """Give a queued job without a hold a fresh one; on a funding/budget refusal, mark it waiting."""
+def fund_job(*, job: Job, actor: Any = None) -> bool:
+    """Give a queued job without a hold a fresh one; on a funding/budget refusal, mark it waiting.
+    `actor`: the user whose request funds it (a release), else the system."""
     from scheduling.services.reservation import hold_seconds, price_job_hold, reserve_job_hold
 
     key = f"job:{job.pk}:attempt:{job.attempt_count + 1}:hold"
     try:
         with transaction.atomic():  # savepoint: a refusal must not poison the caller's transaction
-            hold, priced = reserve_job_hold(job=job, key=key)
+            hold, priced = reserve_job_hold(job=job, key=key, actor=actor)
     except DomainError as error:
         # Try again later (fund_waiting_jobs); until then the job is not offered to the scheduler.
         # A retry backoff (a lost node, `not_before`) still stands: funding never shortens it.

@@ -248,9 +248,10 @@ def price_tiers(types: list[str], at: datetime) -> list[list[str]]:
 
 
 @transaction.atomic(savepoint=False)
-def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
+def reserve_job_hold(*, job: Job, key: str, actor: Any = None) -> tuple[Hold, list[str]]:
     """Price the job's hold, check every budget level, then hold the funds; idempotent by key.
-    Returns the hold and the types it was priced over.
+    Returns the hold and the types it was priced over. `actor`: the user whose request funds it (a
+    release), named by a crossed soft budget's alert; None for the system (a requeue, a retry).
 
     The hold is priced at the dearest type that could run the job; when the funds or a budget
     refuse that, at the next cheaper price level, and so on (review: a job accepted at A100's
@@ -290,7 +291,7 @@ def reserve_job_hold(*, job: Job, key: str) -> tuple[Hold, list[str]]:
         tried.add((tuple(cut), amount))
         try:
             with transaction.atomic():  # a refused level leaves nothing behind
-                return place_job_hold(job=job, key=key, types=cut, amount=amount, now=now), tier
+                return place_job_hold(job=job, key=key, types=cut, amount=amount, now=now, actor=actor), tier
         except (BudgetExceeded, InsufficientCredits) as error:
             if refusal is None or cut == types:
                 refusal = error  # the full set's cheapest level's, as before

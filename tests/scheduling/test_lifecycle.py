@@ -376,3 +376,27 @@ def test_money_arriving_leaves_a_held_unfunded_job_held_until_released(
     job.refresh_from_db()
     assert job.current_hold is not None and job.funding_retry_at is None
     assert (job.wait_reason, job.not_before) == ("backoff", backoff)
+
+
+def test_a_release_that_funds_a_job_past_a_soft_budget_alerts_as_the_releasing_user(
+    fleet: dict[str, Any], tenant: dict[str, Any], make_job: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: the release's new hold crossed the soft budget, and the alert named the system, not
+    the user whose release funded it (a submission's names its user)."""
+    from audit.models import AuditEvent
+    from budgets.services import set_budget
+    from scheduling import tasks
+    from scheduling.services.holding import hold_job, release_job
+    from scheduling.services.lifecycle import requeue
+
+    monkeypatch.setattr(tasks, "schedule_soon", lambda **_kw: None)
+    job = make_job(S.RUNNING, hold=False)
+    requeue(job=job, not_before=None, reason_code="requeued-after-node-lost")  # no funds: no hold
+    job = hold_job(job=Job.objects.get(pk=job.pk))
+    fund(tenant["org"], 10**12)
+    set_budget(org=tenant["org"], period="month", limit=1, enforcement="soft")
+    release_job(job=Job.objects.get(pk=job.pk), actor=tenant["user"])
+    assert Job.objects.get(pk=job.pk).current_hold is not None
+    alert = AuditEvent.objects.get(action="budget.soft_limit_exceeded")
+    assert (alert.actor_type, alert.actor_id) == ("user", str(tenant["user"].pk))
