@@ -21,6 +21,10 @@ class AttemptUsage(models.Model):
     # A gang on several nodes: when each node last reported its part ({"<node id>": ISO time}), so a
     # part its node no longer reports is seen while another part reports (tick.end_attempts_...).
     part_reports = models.JSONField(null=True, blank=True)
+    # A gang whose first part has exited: what it had billed then and when (`end_gang_part`); the
+    # parts still running after it are billed from there by the server's clock (settlement).
+    gang_base_gpu_ms = models.BigIntegerField(null=True, blank=True)
+    gang_base_at = models.DateTimeField(null=True, blank=True)
     # Set once, by settlement, in the same transaction; heartbeats stop moving the row after it.
     settled_at = models.DateTimeField(null=True, blank=True)
 

@@ -8,7 +8,11 @@ the usage row's `settled_at` and the audit event all commit in one transaction.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.db import transaction
+from django.db.models import Count, F, Max
+from django.db.models.functions import Greatest
 
 from audit.models import AuditEvent
 from audit.services import record
@@ -20,7 +24,7 @@ from ledger.retry import retry_on_conflict
 from ledger.services import settle_hold
 from metering.cost import MS_PER_HOUR, cost
 from metering.models import AttemptUsage
-from scheduling.models import Job, JobAttempt
+from scheduling.models import Allocation, Job, JobAttempt
 
 
 def lock_usage(attempt: JobAttempt) -> AttemptUsage | None:
@@ -47,6 +51,45 @@ def _budgets_for_settlement(hold: Hold, capture_total: int) -> tuple[int, int]:
     if to_release:
         record_release(hold=hold, amount=to_release)
     return to_capture, to_release
+
+
+def gang_billable(attempt: JobAttempt, usage: AttemptUsage) -> int:
+    """A gang's billable usage once its last part has ended: what it had billed when its first
+    part ended (`gang_base_gpu_ms`, the longest part's time on every GPU), plus each part still
+    running then, its GPUs for the whole seconds it ran on (to the earlier of its GPUs' release and
+    its node's last report of it: a lost node's silence is not billed), by the server's clock; never
+    beyond the cap of its whole run (elapsed x GPUs, the metering tolerance), never less than the
+    heartbeats gave. The row is raised to it (review: after the first part exited, the others' own
+    reports scaled to their own GPUs stayed below the gang's figure, so their last seconds went
+    unbilled). Called under the hold and usage locks, after every part has been released."""
+    from metering import conf
+
+    reports = usage.part_reports or {}
+    base_at = usage.gang_base_at
+    extra = 0
+    parts = (Allocation.objects.filter(attempt_id=attempt.pk).values("node_id")
+             .annotate(gpus=Count("pk"), released=Max("released_at")))
+    for part in parts:
+        ends = [t for t in (part["released"], _parsed(reports.get(str(part["node_id"])))) if t is not None]
+        if ends and min(ends) > base_at:
+            extra += part["gpus"] * int((min(ends) - base_at).total_seconds()) * 1000
+    started, ended = attempt.started_at, attempt.ended_at or db_now()
+    cap = (int(max(0.0, (ended - started).total_seconds()) * 1000 * attempt.gpu_count
+               * (1 + float(conf.value("METERING_CAP_TOLERANCE_RATIO"))))
+           + int(conf.seconds("METERING_CAP_SLACK_MS_PER_GPU")) * attempt.gpu_count) if started else 0
+    billable = max(usage.billable_gpu_ms, min((usage.gang_base_gpu_ms or 0) + extra, cap))
+    if billable > usage.billable_gpu_ms:
+        AttemptUsage.objects.filter(pk=usage.pk).update(
+            billable_gpu_ms=billable, reported_gpu_ms=Greatest(F("reported_gpu_ms"), billable))
+    return billable
+
+
+def _parsed(value: object) -> datetime | None:
+    """A part report's time (ISO 8601, as the heartbeat statement or the portable path wrote it)."""
+    if not isinstance(value, str):
+        return None
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
@@ -84,6 +127,8 @@ def settle_attempt(*, attempt: JobAttempt, outcome: str) -> Hold:
         return hold  # settled before: exactly once
     usage = lock_usage(attempt)
     billable = usage.billable_gpu_ms if usage is not None else 0
+    if usage is not None and usage.gang_base_at is not None:
+        billable = gang_billable(attempt, usage)
     rate = attempt.rate_per_gpu_hour
     due = cost(billable, rate)
     extended = _fund_overrun(attempt, hold, due)

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
 from audit.models import AuditEvent
 from audit.services import record
@@ -379,6 +379,12 @@ def end_gang_part(*, attempt: JobAttempt, node_id: int, outcome: str, exit_code:
     fields: dict[str, Any] = {}
     if not attempt.first_part_outcome:
         fields.update(first_part_outcome=effective_outcome(attempt, outcome), first_part_exit_code=exit_code)
+        from metering.models import AttemptUsage
+
+        # What the gang had billed when its first part ended, and when: the parts still running
+        # are billed from there by the server's clock at settlement (`settlement.gang_billable`).
+        AttemptUsage.objects.filter(attempt_id=attempt.pk, gang_base_at__isnull=True).update(
+            gang_base_gpu_ms=F("billable_gpu_ms"), gang_base_at=now)
     if attempt.state == AttemptState.RUNNING:
         # No stop reason: the first part's outcome, not a stop, explains how the attempt ends.
         fields.update(state=AttemptState.STOPPING, stop_requested_at=now,

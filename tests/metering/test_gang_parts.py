@@ -293,3 +293,66 @@ def test_portable_left_out_matches_the_sql(gang: Any, stale_b: bool, reports: st
     for after in (timedelta(minutes=5), timedelta(minutes=20), timedelta(0)):
         assert _left_out(after) == _left_out_portable(after, attempt_id=None, limit=200)
         assert _left_out(after, limit=1) == _left_out_portable(after, attempt_id=None, limit=1)
+
+
+def _first_part_ended_seconds_ago(attempt: JobAttempt, node: Node, seconds: int) -> None:
+    """As if the first part had exited `seconds` ago: its GPUs' release and the gang's base."""
+    earlier = timedelta(seconds=seconds)
+    for alloc in Allocation.objects.filter(attempt=attempt, node=node):
+        Allocation.objects.filter(pk=alloc.pk).update(
+            allocated_at=alloc.allocated_at - earlier, started_at=alloc.started_at - earlier,
+            released_at=alloc.released_at - earlier)
+    usage = AttemptUsage.objects.get(attempt=attempt)
+    AttemptUsage.objects.filter(pk=usage.pk).update(gang_base_at=usage.gang_base_at - earlier)
+
+
+def test_a_part_still_running_after_the_first_exits_is_billed_for_those_seconds(gang: Any) -> None:
+    """Review: after the first part exited, the other part's reports (scaled to its own GPUs now)
+    stayed below the gang's figure, so its last seconds (its stop's grace, say) went unbilled. They
+    are billed at settlement by the server's clock: its 4 GPUs for the 20 s it ran on."""
+    attempt, (first, second), nodes = gang
+    _start_both(attempt, [first, second])
+    done = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": 0, "signal": None,
+            "outcome": "completed"}
+    post(first, f"/attempts/{attempt.pk}/exit", done)
+    usage = AttemptUsage.objects.get(attempt=attempt)
+    assert usage.gang_base_gpu_ms == 2 * PER_NODE_MS and usage.gang_base_at is not None
+    _first_part_ended_seconds_ago(attempt, nodes[0], 20)
+    stopped = {"seq": 2, "cumulative_gpu_ms": PER_NODE_MS + 4 * 20_000, "exit_code": None, "signal": 15,
+               "outcome": "cancelled"}
+    post(second, f"/attempts/{attempt.pk}/exit", stopped)
+    attempt.hold.refresh_from_db()
+    assert attempt.hold.captured == 2 * PER_NODE_MS + 4 * 20_000
+    usage.refresh_from_db()
+    assert usage.billable_gpu_ms == usage.captured_gpu_ms == 2 * PER_NODE_MS + 4 * 20_000
+
+
+def test_a_lost_parts_silence_after_its_last_report_is_not_billed(gang: Any) -> None:
+    """The part on the second node reported 5 s after the first part exited, then its node went
+    silent; it is ended (lost) later: billed to its last report, not to when it was ended."""
+    from scheduling.services.lifecycle import finish_attempt
+
+    attempt, (first, second), nodes = gang
+    _start_both(attempt, [first, second])
+    done = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": 0, "signal": None,
+            "outcome": "completed"}
+    post(first, f"/attempts/{attempt.pk}/exit", done)
+    _first_part_ended_seconds_ago(attempt, nodes[0], 300)
+    usage = AttemptUsage.objects.get(attempt=attempt)
+    last_report = usage.gang_base_at + timedelta(seconds=5)
+    AttemptUsage.objects.filter(pk=usage.pk).update(
+        part_reports={**usage.part_reports, str(nodes[1].pk): last_report.isoformat()})
+    finish_attempt(attempt=JobAttempt.objects.get(pk=attempt.pk), outcome="lost")
+    attempt.hold.refresh_from_db()
+    assert attempt.hold.captured == 2 * PER_NODE_MS + 4 * 5_000
+
+
+def test_parts_that_end_within_a_second_of_each_other_bill_as_before(gang: Any) -> None:
+    attempt, (first, second), _nodes = gang
+    _start_both(attempt, [first, second])
+    done = {"seq": 1, "cumulative_gpu_ms": PER_NODE_MS, "exit_code": 0, "signal": None,
+            "outcome": "completed"}
+    post(first, f"/attempts/{attempt.pk}/exit", done)
+    post(second, f"/attempts/{attempt.pk}/exit", {**done, "outcome": "cancelled"})
+    attempt.hold.refresh_from_db()
+    assert attempt.hold.captured == 2 * PER_NODE_MS
