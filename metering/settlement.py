@@ -70,9 +70,14 @@ def gang_billable(attempt: JobAttempt, usage: AttemptUsage) -> int:
     parts = (Allocation.objects.filter(attempt_id=attempt.pk).values("node_id")
              .annotate(gpus=Count("pk"), released=Max("released_at")))
     for part in parts:
-        ends = [t for t in (part["released"], _parsed(reports.get(str(part["node_id"])))) if t is not None]
-        if ends and min(ends) > base_at:
-            extra += part["gpus"] * int((min(ends) - base_at).total_seconds()) * 1000
+        # Seen running until its node's last report of it; one its node never reported is billed
+        # nothing more (review: it was billed for its silence until a sweep ended it lost).
+        seen = _parsed(reports.get(str(part["node_id"])))
+        if part["released"] is None or seen is None:
+            continue
+        end = min(part["released"], seen)
+        if end > base_at:
+            extra += part["gpus"] * int((end - base_at).total_seconds()) * 1000
     started, ended = attempt.started_at, attempt.ended_at or db_now()
     cap = (int(max(0.0, (ended - started).total_seconds()) * 1000 * attempt.gpu_count
                * (1 + float(conf.value("METERING_CAP_TOLERANCE_RATIO"))))

@@ -23,7 +23,7 @@ from django.db.models import F, Q
 
 from audit.models import AuditEvent
 from audit.services import record
-from config.clock import db_now
+from config.clock import db_now, db_wall_clock
 from config.errors import DomainError
 from scheduling.core import reasons
 from scheduling.grants import class_not_granted
@@ -383,8 +383,10 @@ def end_gang_part(*, attempt: JobAttempt, node_id: int, outcome: str, exit_code:
 
         # What the gang had billed when its first part ended, and when: the parts still running
         # are billed from there by the server's clock at settlement (`settlement.gang_billable`).
+        # The wall clock, not the transaction's start: the base is read after this transaction's
+        # lock waits, and a part's report committed during them is in it (review: counted again).
         AttemptUsage.objects.filter(attempt_id=attempt.pk, gang_base_at__isnull=True).update(
-            gang_base_gpu_ms=F("billable_gpu_ms"), gang_base_at=now)
+            gang_base_gpu_ms=F("billable_gpu_ms"), gang_base_at=db_wall_clock())
     if attempt.state == AttemptState.RUNNING:
         # No stop reason: the first part's outcome, not a stop, explains how the attempt ends.
         fields.update(state=AttemptState.STOPPING, stop_requested_at=now,

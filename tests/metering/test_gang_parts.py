@@ -295,7 +295,7 @@ def test_portable_left_out_matches_the_sql(gang: Any, stale_b: bool, reports: st
         assert _left_out(after, limit=1) == _left_out_portable(after, attempt_id=None, limit=1)
 
 
-def _first_part_ended_seconds_ago(attempt: JobAttempt, node: Node, seconds: int) -> None:
+def _first_part_ended_seconds_ago(attempt: JobAttempt, node: Node, seconds: float) -> None:
     """As if the first part had exited `seconds` ago: its GPUs' release and the gang's base."""
     earlier = timedelta(seconds=seconds)
     for alloc in Allocation.objects.filter(attempt=attempt, node=node):
@@ -317,7 +317,7 @@ def test_a_part_still_running_after_the_first_exits_is_billed_for_those_seconds(
     post(first, f"/attempts/{attempt.pk}/exit", done)
     usage = AttemptUsage.objects.get(attempt=attempt)
     assert usage.gang_base_gpu_ms == 2 * PER_NODE_MS and usage.gang_base_at is not None
-    _first_part_ended_seconds_ago(attempt, nodes[0], 20)
+    _first_part_ended_seconds_ago(attempt, nodes[0], 20.5)  # whole seconds are billed: 20
     stopped = {"seq": 2, "cumulative_gpu_ms": PER_NODE_MS + 4 * 20_000, "exit_code": None, "signal": 15,
                "outcome": "cancelled"}
     post(second, f"/attempts/{attempt.pk}/exit", stopped)
