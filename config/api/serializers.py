@@ -88,6 +88,15 @@ class StrictDateTimeField(serializers.DateTimeField):
 _PLUS_AS_SPACE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)? \d{2}(?::?\d{2})?$")
 
 
+def _parses(value: str) -> bool:
+    """Whether Django reads `value` as a date and time (the hint for an unencoded + is given only
+    when encoding it would make the value valid: QA, `+99:00` got it)."""
+    try:
+        return parse_datetime(value) is not None
+    except ValueError:
+        return False
+
+
 class AwareDateTimeField(StrictDateTimeField):
     """An ISO 8601 instant with its UTC offset (`Z` or `+02:00`). A naive time would be read in
     the server's zone, which the caller cannot see: asking for a balance "as of 03:40" must say
@@ -95,6 +104,8 @@ class AwareDateTimeField(StrictDateTimeField):
 
     default_error_messages = {
         "naive": "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or +01:00.",
+        "naive_query": "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or, with the + "
+                       "encoded as in any query string, 2026-11-22T03:40:00%2B01:00.",
         "plus_as_space": "The + of the UTC offset arrived as a space: in a query string an unencoded + "
                          "means a space. Send it as %2B (e.g. 2026-11-22T03:40:00%2B01:00), or give the "
                          "time in UTC with Z.",
@@ -104,14 +115,15 @@ class AwareDateTimeField(StrictDateTimeField):
         if isinstance(value, str):
             # A query parameter's "+02:00" the client did not URL-encode arrives as " 02:00" (QA: the
             # generic error listed "+HH:MM" among the formats, which the client had sent).
-            if isinstance(self.root, StrictQuerySerializer) and _PLUS_AS_SPACE.match(value):
+            in_query = isinstance(self.root, StrictQuerySerializer)
+            if in_query and _PLUS_AS_SPACE.match(value) and _parses("+".join(value.rsplit(" ", 1))):
                 self.fail("plus_as_space")
             try:
                 parsed = parse_datetime(value)
             except ValueError:
                 parsed = None  # out of range: DRF's own parse reports it as invalid
             if parsed is not None and parsed.tzinfo is None:
-                self.fail("naive")
+                self.fail("naive_query" if in_query else "naive")
         return super().to_internal_value(value)
 
 

@@ -59,3 +59,17 @@ def test_a_body_datetime_is_not_told_about_query_strings() -> None:
     assert not body.is_valid()
     [error] = body.errors["window_start"]
     assert error.startswith("Datetime has wrong format")
+
+
+def test_a_naive_query_time_is_told_to_encode_its_offset_and_an_impossible_offset_gets_no_plus_hint(
+    tenant: Tenant,
+) -> None:
+    """QA: the no-offset message suggested a bare `+01:00`, the very mistake the hint warns about,
+    and `+99:00` (invalid however it is encoded) was told to send %2B."""
+    admin = client_for(tenant.admin)
+    naive = admin.get("/api/v1/jobs?submitted_since=2026-11-23T05:00:00").json()["errors"]
+    assert naive == {"submitted_since": [
+        "Give the time with its UTC offset, e.g. 2026-11-22T03:40:00Z or, with the + encoded as in any "
+        "query string, 2026-11-22T03:40:00%2B01:00."]}
+    impossible = admin.get("/api/v1/jobs?submitted_since=2026-11-23T05:00:00+99:00").json()["errors"]
+    assert impossible["submitted_since"] != [PLUS_MESSAGE]
