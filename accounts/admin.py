@@ -4,6 +4,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.validators import MinValueValidator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -39,6 +40,16 @@ class OrgMembershipInline(admin.TabularInline):
 @admin.register(Organization)
 class OrganizationAdmin(ViewOnlyHistoryAdmin):
     list_display = ("slug", "name", "home_region", "hold_window_seconds", "max_inflight_submissions")
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """The limits' own messages for a negative value too: the form field's "greater than or
+        equal to 0" (a PositiveIntegerField's) came first and read as if 0 were allowed (QA)."""
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name in ("hold_window_seconds", "max_inflight_submissions") and field is not None:
+            field.validators = [v for v in field.validators
+                                if not (isinstance(v, MinValueValidator) and v.limit_value == 0)]
+            field.widget.attrs.pop("min", None)
+        return field
     search_fields = ("slug", "name")
     list_filter = ("home_region",)
     inlines = [OrgMembershipInline]

@@ -45,13 +45,14 @@ def superuser_client(client: Client, django_user_model: type) -> Client:
     return client
 
 
-@pytest.mark.parametrize("inflight", ["0", "10001", "2147483648"])
+@pytest.mark.parametrize("inflight", ["0", "10001", "2147483648", "-1"])
 def test_the_admin_refuses_inflight_out_of_range(superuser_client: Client, inflight: str) -> None:
     org = OrganizationFactory(hold_window_seconds=600, max_inflight_submissions=16)
     response = _post(superuser_client, org, max_inflight_submissions=inflight)
     assert response.status_code == 200  # the form again, with the error; nothing saved
     errors = response.context["adminform"].form.errors
-    assert INFLIGHT_SUBMISSIONS_MESSAGE in errors["max_inflight_submissions"]
+    # Its own message only (QA: -1 said "greater than or equal to 0", as if 0 were allowed).
+    assert errors["max_inflight_submissions"] == [INFLIGHT_SUBMISSIONS_MESSAGE]
     org.refresh_from_db()
     assert org.max_inflight_submissions == 16
 
@@ -62,6 +63,16 @@ def test_the_admin_refuses_a_window_over_30_days(superuser_client: Client, windo
     response = _post(superuser_client, org, hold_window_seconds=window)
     assert response.status_code == 200
     assert HOLD_WINDOW_MAX_MESSAGE in response.context["adminform"].form.errors["hold_window_seconds"]
+    org.refresh_from_db()
+    assert org.hold_window_seconds == 600
+
+
+def test_the_admin_gives_a_negative_window_the_windows_own_message(superuser_client: Client) -> None:
+    from accounts.models import HOLD_WINDOW_MESSAGE
+
+    org = OrganizationFactory(hold_window_seconds=600)
+    response = _post(superuser_client, org, hold_window_seconds="-5")
+    assert response.context["adminform"].form.errors["hold_window_seconds"] == [HOLD_WINDOW_MESSAGE]
     org.refresh_from_db()
     assert org.hold_window_seconds == 600
 
