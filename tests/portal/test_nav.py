@@ -57,3 +57,18 @@ def test_the_dashboard_refuses_with_a_portal_page(world: World, who: str) -> Non
     assert 'href="/api-keys/">API keys</a>' in html and "Sign out" in html
     assert "The live dashboard is for the finance group, staff, and the owners and admins" in html
     assert DASHBOARD_LINK not in html  # no link to what it refuses
+
+
+def test_a_page_that_is_not_found_is_a_portal_page_and_an_api_route_stays_a_problem(world: World) -> None:
+    """QA: another org's job, an unknown job or org answered Django's bare "Not Found" page, with no
+    navigation, beside the portal's own 403 page."""
+    client = _client(world.alice)
+    for url in ("/jobs/999999/", "/orgs/nosuch/", "/no/such/page/"):
+        response = client.get(url)
+        assert response.status_code == 404, url
+        html = response.content.decode()
+        assert f'href="{reverse("portal:home")}">Balances</a>' in html and "Sign out" in html, url
+        assert "<h1>Not found</h1>" in html and url in html
+    api = client.get("/api/v1/no-such-route")
+    assert api.status_code == 404 and api["Content-Type"].startswith("application/problem+json")
+    assert Client().get("/no/such/page/").status_code == 404  # signed out: the page, no nav
