@@ -131,7 +131,7 @@ def _capture_progress(attempt: JobAttempt, hold: Hold, usage: AttemptUsage) -> i
     return delta
 
 
-def try_extend(attempt: JobAttempt, hold: Hold, amount: int) -> str:
+def try_extend(attempt: JobAttempt, hold: Hold, amount: int, *, why: str = "usage") -> str:
     """Extend by `amount` in a savepoint; returns "" or the refusal's detail. Caller holds the
     attempt's hold lock (budgets, then buckets, are locked here)."""
     from budgets.services import record_extension
@@ -144,7 +144,7 @@ def try_extend(attempt: JobAttempt, hold: Hold, amount: int) -> str:
         with transaction.atomic():  # a refusal must leave the caller's transaction usable
             record_extension(hold=hold, amount=amount)
             extend_hold(hold=hold, amount=amount, key=f"attempt:{attempt.pk}:extend:{hold.authorized}",
-                        run_type=run_type)
+                        run_type=run_type, reason=f"job {attempt.job_id} attempt {attempt.number} {why}")
     except DomainError as refusal:
         return str(refusal.detail)
     return ""

@@ -113,7 +113,7 @@ def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
     # a period after buckets across a month's end, a lower bucket after a higher, an alert's audit
     # head before buckets: deadlocks).
     lock_ahead_for_extension(hold)
-    if try_extend(attempt, hold, shortfall):
+    if try_extend(attempt, hold, shortfall, why="overrun at settlement"):
         return 0
     return shortfall
 

@@ -311,7 +311,9 @@ def _place_hold(
 
 @retry_on_conflict()
 @transaction.atomic
-def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None, run_type: str | None = None) -> Hold:
+def extend_hold(
+    *, hold: Hold, amount: int, key: str, actor: Any = None, run_type: str | None = None, reason: str = "",
+) -> Hold:
     """Hold `amount` more for an active hold, from the same eligible buckets (all-or-nothing).
 
     `run_type`: the one GPU type the hold's job runs (or is being placed) on, one of the hold's
@@ -332,11 +334,12 @@ def extend_hold(*, hold: Hold, amount: int, key: str, actor: Any = None, run_typ
     before = list(locked.gpu_types)
     txn, plan, head = _hold_funds(
         hold=locked, amount=amount, now=ledger_time(clock), kind=TransactionKind.EXTEND, key=txn_key,
-        params=params, run_type=run_type,
+        params=params, run_type=run_type, memo=reason,
     )
     data: dict[str, Any] = {"buckets": {str(b.pk): take for b, take in plan}}
     if locked.gpu_types != before:
         data["gpu_types"] = {"from": before, "to": list(locked.gpu_types)}
-    audit(txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor, data=data, reserved=head)
+    audit(txn=txn, subject_type="ledger.hold", subject_id=locked.pk, actor=actor, data=data, reserved=head,
+          reason=reason)
     hold.gpu_types = list(locked.gpu_types)
     return locked

@@ -161,7 +161,8 @@ def _top_up(place: core.Place, row: PendingRow, events: list[NewEvent]) -> str:
             record_extension(hold=hold, amount=need)
             # Placed on one type: credits restricted to it may fund the top-up (the hold is then
             # narrowed to it, and the job runs only there should this placement not be made).
-            extend_hold(hold=hold, amount=need, key=key, run_type=place.gpu_type)
+            extend_hold(hold=hold, amount=need, key=key, run_type=place.gpu_type,
+                        reason=f"job {place.job_id} top-up for {place.gpu_type}")
     except DomainError as refusal:
         return f"topping the hold up by {format_credits(need)} credits was refused: {refusal.detail}"
     # The run's rate is fixed at placement: its estimate is now its max wall time at that rate.

@@ -170,3 +170,21 @@ def test_a_hard_budget_that_cannot_take_the_overrun_leaves_it_unfunded(
     period = BudgetPeriod.objects.get(budget__org=world.org)
     assert (period.spent, period.held) == (paid, 0)
     assert verify_ledger() == []
+
+
+def test_an_extension_says_in_the_journal_what_it_was_for(
+    world: World, funded: Any, make_attempt: Callable[..., JobAttempt]
+) -> None:
+    """QA: extensions had an empty memo in the journal and no reason in their audit event, while
+    holds and captures name the job and attempt."""
+    from audit.models import AuditEvent
+    from ledger.models import LedgerTransaction
+
+    funded(100 * MICRO)
+    a = make_attempt(hold_amount=1 * MICRO)
+    ingest_heartbeats(node=world.node, items=[HeartbeatItem(a.pk, 1, 5_000_000)])
+    settle_attempt(attempt=a, outcome="completed")
+    txn = LedgerTransaction.objects.get(kind="extend")
+    assert txn.memo == f"job {a.job_id} attempt {a.number} overrun at settlement"
+    event = AuditEvent.objects.get(action="ledger.extend")
+    assert event.data["reason"] == txn.memo
