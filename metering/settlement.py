@@ -98,11 +98,13 @@ def _parsed(value: object) -> datetime | None:
 
 
 def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
-    """Extend the hold by what the run used beyond it, when its org can pay (funds and budgets, as
-    a charge tick's extension; all or nothing): the most an attempt can bill is its max wall time
+    """Extend the hold by what the run used beyond it, as far as its org can pay (funds and
+    budgets, as a charge tick's extension): the most an attempt can bill is its max wall time
     plus the longest stop grace (`charging.max_cost`), and a run that ends between two charge ticks
     was never extended for the overrun (QA: a 10 s job that ignored SIGTERM ran 41 s and paid for
-    10, while one whose run spanned a tick paid for all of it). Returns the amount extended."""
+    10, while one whose run spanned a tick paid for all of it). When the whole overrun is refused,
+    the most the org can pay, to within 1 % of it (QA: all or nothing, an org short of the whole
+    paid none of it). Returns the amount extended."""
     from metering.charging import lock_ahead_for_extension, max_cost, pays_for, try_extend
 
     job = Job.objects.only("max_wall_seconds").get(pk=attempt.job_id)
@@ -113,9 +115,38 @@ def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
     # a period after buckets across a month's end, a lower bucket after a higher, an alert's audit
     # head before buckets: deadlocks).
     lock_ahead_for_extension(hold)
-    if try_extend(attempt, hold, shortfall, why="overrun at settlement"):
-        return 0
-    return shortfall
+    why = "overrun at settlement"
+    if not try_extend(attempt, hold, shortfall, why=why):
+        return shortfall
+    payable = _most_payable(attempt, hold, shortfall)
+    if payable and not try_extend(attempt, hold, payable, why=why):
+        return payable
+    return 0
+
+
+class _Probe(Exception):
+    """Rolls a trial extension back."""
+
+
+def _most_payable(attempt: JobAttempt, hold: Hold, refused: int) -> int:
+    """The largest extension below `refused` that funds and budgets allow, to within 1 % of it:
+    bisection over trial extensions, each rolled back (a savepoint), under the locks taken ahead."""
+    from metering.charging import try_extend
+
+    types = list(hold.gpu_types)
+    lo, hi, step = 0, refused, max(1, refused // 100)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        try:
+            with transaction.atomic():
+                refusal = try_extend(attempt, hold, mid)
+                hold.gpu_types = list(types)  # a trial that narrowed the hold's types is undone
+                if not refusal:
+                    raise _Probe
+            hi = mid
+        except _Probe:
+            lo = mid
+    return lo
 
 
 @retry_on_conflict()
