@@ -8,6 +8,7 @@ the usage row's `settled_at` and the audit event all commit in one transaction.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 from django.db import transaction
@@ -25,6 +26,8 @@ from ledger.services import settle_hold
 from metering.cost import MS_PER_HOUR, cost
 from metering.models import AttemptUsage
 from scheduling.models import Allocation, Job, JobAttempt
+
+log = logging.getLogger(__name__)
 
 
 def lock_usage(attempt: JobAttempt) -> AttemptUsage | None:
@@ -119,9 +122,14 @@ def _fund_overrun(attempt: JobAttempt, hold: Hold, due: int) -> int:
     if not try_extend(attempt, hold, shortfall, why=why):
         return shortfall
     payable = _most_payable(attempt, hold, shortfall)
-    if payable and not try_extend(attempt, hold, payable, why=why):
-        return payable
-    return 0
+    if not payable:
+        return 0
+    refusal = try_extend(attempt, hold, payable, why=why)
+    if refusal:  # the trial just granted it under the same locks: never expected (review)
+        log.warning("attempt %s: extension of %s refused after a trial granted it: %s", attempt.pk, payable,
+                    refusal)
+        return 0
+    return payable
 
 
 class _Probe(Exception):
