@@ -1,9 +1,9 @@
-"""Review of e995fba on real connections: `end_gang_part` stamps `gang_base_at` (and the first
-part's release) with `db_now()`, the *transaction's start*, though the base it records is the
-billable usage read after the exit's lock waits. A straggler's heartbeat committed during the wait
-is in the base (x2: the first part's GPUs were still allocated) and its seconds are counted again
-as the straggler's extra from `gang_base_at` (config/clock.py: `db_wall_clock` exists for exactly
-this, a decision made after a lock wait)."""
+"""Review of e995fba on real connections: `end_gang_part` stamped `gang_base_at` with `db_now()`,
+the *transaction's start*, though the base it records is the billable usage read after the exit's
+lock waits. A straggler's heartbeat committed during the wait was in the base (x2: the first
+part's GPUs were still allocated) and its seconds were counted again as the straggler's extra from
+`gang_base_at`. Now stamped with `db_wall_clock` (config/clock.py: for a decision made after a
+lock wait)."""
 
 from __future__ import annotations
 
