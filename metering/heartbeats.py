@@ -279,8 +279,6 @@ def _apply_usage_portable(
 ) -> tuple[list[int], list[dict[str, object]]]:
     """The same rules as HOT_SQL, row by row, for the embedded SQLite mode (one writer at a time,
     so the per-row ORM writes cannot race; PostgreSQL always takes the one-statement path)."""
-    ratio = float(conf.value("METERING_CAP_TOLERANCE_RATIO"))
-    slack = int(conf.seconds("METERING_CAP_SLACK_MS_PER_GPU"))
     accepted: list[int] = []
     with transaction.atomic():
         now = db_now()
@@ -302,8 +300,7 @@ def _apply_usage_portable(
         for usage in usages:
             item = next(it for it in items if it.attempt_id == usage.attempt_id)
             attempt = live[usage.attempt_id]
-            elapsed_ms = max(0.0, (now - attempt.started_at).total_seconds() * 1000.0)
-            cap = int(elapsed_ms * attempt.gpu_count * (1.0 + ratio)) + slack * attempt.gpu_count
+            cap = billable_cap((now - attempt.started_at).total_seconds(), attempt.gpu_count)
             here, gang = shares[usage.attempt_id]
             reported = max(usage.reported_gpu_ms, min(MAX_BIGINT, item.cumulative_gpu_ms * gang // here))
             usage.billable_gpu_ms = max(usage.billable_gpu_ms, min(reported, cap))
@@ -319,6 +316,14 @@ def _apply_usage_portable(
             accepted.append(usage.attempt_id)
     stops = stops_for_node(node_id=node_id) if with_stops else []
     return sorted(accepted), stops
+
+
+def billable_cap(elapsed_seconds: float, gpu_count: int) -> int:
+    """HOT_SQL's `cap` in Python: elapsed on the server's clock x GPUs x (1 + tolerance), plus the
+    handshake slack per GPU (the embedded mode's heartbeats, and a gang's settlement)."""
+    ratio = float(conf.value("METERING_CAP_TOLERANCE_RATIO"))
+    slack = int(conf.seconds("METERING_CAP_SLACK_MS_PER_GPU"))
+    return int(max(0.0, elapsed_seconds * 1000.0) * gpu_count * (1.0 + ratio)) + slack * gpu_count
 
 
 def gang_shares(*, node_id: int, attempt_ids: list[int]) -> dict[int, tuple[int, int]]:

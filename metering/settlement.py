@@ -65,7 +65,7 @@ def gang_billable(attempt: JobAttempt, usage: AttemptUsage) -> int:
     heartbeats gave. The row is raised to it (review: after the first part exited, the others' own
     reports scaled to their own GPUs stayed below the gang's figure, so their last seconds went
     unbilled). Called under the hold and usage locks, after every part has been released."""
-    from metering import conf
+    from metering.heartbeats import billable_cap
 
     reports = usage.part_reports or {}
     base_at = usage.gang_base_at
@@ -82,9 +82,7 @@ def gang_billable(attempt: JobAttempt, usage: AttemptUsage) -> int:
         if end > base_at:
             extra += part["gpus"] * int((end - base_at).total_seconds()) * 1000
     started, ended = attempt.started_at, attempt.ended_at or db_now()
-    cap = (int(max(0.0, (ended - started).total_seconds()) * 1000 * attempt.gpu_count
-               * (1 + float(conf.value("METERING_CAP_TOLERANCE_RATIO"))))
-           + int(conf.seconds("METERING_CAP_SLACK_MS_PER_GPU")) * attempt.gpu_count) if started else 0
+    cap = billable_cap((ended - started).total_seconds(), attempt.gpu_count) if started else 0
     billable = max(usage.billable_gpu_ms, min((usage.gang_base_gpu_ms or 0) + extra, cap))
     if billable > usage.billable_gpu_ms:
         AttemptUsage.objects.filter(pk=usage.pk).update(
